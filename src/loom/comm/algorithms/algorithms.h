@@ -1,0 +1,62 @@
+// Collective algorithms, each a sequence of send / recv / recv_reduce primitives over the
+// Exec interface. docs/algorithms.md gives every algorithm's steps and bytes on the wire.
+//
+// Conventions: `count` is in elements of exec.dtype(); byte offsets are element-aligned.
+// Buffers may alias where the communicator's API allows in-place use (documented there).
+// Reductions happen in a fixed order on every run, so results are reproducible, and where
+// several ranks hold the same result it is bitwise identical on all of them.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "loom/comm/exec.h"
+
+namespace loom::comm::algo {
+
+// Splits `count` elements into n nearly equal blocks; offsets and lengths in bytes.
+struct Blocks {
+  std::vector<size_t> off, len;
+  size_t total() const { return off.empty() ? 0 : off.back() + len.back(); }
+};
+Blocks even_blocks(size_t count, int n, size_t esize);
+Blocks blocks_from_counts(const std::vector<size_t>& counts, size_t esize);
+
+// allreduce: out = reduce over ranks of in.
+void allreduce_ring(Exec& x, const void* in, void* out, size_t count);
+void allreduce_rd(Exec& x, const void* in, void* out, size_t count);
+void allreduce_direct(Exec& x, const void* in, void* out, size_t count);
+void allreduce_tree(Exec& x, const void* in, void* out, size_t count);
+void allreduce_hier(Exec& x, const void* in, void* out, size_t count);
+
+// allgather(v): block r of out = rank r's in; blocks given in bytes. In-place when
+// in == out + blocks.off[rank].
+void allgather_ring(Exec& x, const void* in, void* out, const Blocks& b);
+void allgather_direct(Exec& x, const void* in, void* out, const Blocks& b);
+void allgather_rd(Exec& x, const void* in, void* out, const Blocks& b);
+void allgather_hier(Exec& x, const void* in, void* out, const Blocks& b);
+
+// reduce_scatter: out (count elements) = block `rank` of the reduction of every in
+// (size * count elements). In-place when out == in + rank * count.
+void reduce_scatter_ring(Exec& x, const void* in, void* out, size_t count);
+void reduce_scatter_direct(Exec& x, const void* in, void* out, size_t count);
+void reduce_scatter_rd(Exec& x, const void* in, void* out, size_t count);
+
+// broadcast `bytes` from root, in place.
+void broadcast_tree(Exec& x, void* buf, size_t bytes, int root);
+void broadcast_direct(Exec& x, void* buf, size_t bytes, int root);
+void broadcast_ring(Exec& x, void* buf, size_t bytes, int root);
+
+// reduce to root: out significant at root only (may be null elsewhere).
+void reduce_tree(Exec& x, const void* in, void* out, size_t count, int root);
+void reduce_direct(Exec& x, const void* in, void* out, size_t count, int root);
+
+// gather / scatter / alltoall with `bytes` per rank.
+void gather_direct(Exec& x, const void* in, void* out, size_t bytes, int root);
+void scatter_direct(Exec& x, const void* in, void* out, size_t bytes, int root);
+void alltoall_direct(Exec& x, const void* in, void* out, size_t bytes);
+
+// Dissemination barrier: ceil(log2 n) rounds of empty messages.
+void barrier_dissemination(Exec& x);
+
+}  // namespace loom::comm::algo

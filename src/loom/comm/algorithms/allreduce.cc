@@ -1,0 +1,225 @@
+// Allreduce algorithms. n ranks, N bytes per rank; alpha = per-message latency.
+//
+// ring    Reduce-scatter then allgather around the ring 0 -> 1 -> ... -> n-1 -> 0, each in
+//         n-1 steps of N/n bytes. Wire: 2(n-1)/n * N per rank. Time ~ 2(n-1)alpha +
+//         2(n-1)/n N/beta. Bandwidth-optimal: wins for large messages.
+// rd      Recursive doubling: log2(n) rounds, each exchanging all N bytes with rank^2^k and
+//         reducing. Non-powers of two fold the first 2*rem ranks in pairs first and send the
+//         result back at the end. Wire: log2(n) * N. Wins for small messages.
+// direct  One shot: every rank sends its N bytes to every other rank and reduces all n
+//         inputs in rank order. Wire: (n-1) N. One step of latency: wins for small
+//         messages inside a machine, where the n-1 sends run in parallel.
+// tree    Binomial reduce to rank 0 then binomial broadcast, both pipelined in chunks.
+// hier    Two levels: reduce to each host's leader over shm, ring allreduce among the
+//         leaders over TCP, broadcast back over shm; in chunks, so that chunk k's local
+//         reduce, chunk k-1's inter-host ring and chunk k-2's local broadcast overlap.
+#include <algorithm>
+
+#include "loom/comm/algorithms/algorithms.h"
+#include "loom/comm/algorithms/util.h"
+#include "loom/comm/reduce.h"
+#include "loom/core/tunable.h"
+
+namespace loom::comm::algo {
+namespace {
+
+const IntTunable kPipelineChunk("LOOM_PIPELINE_CHUNK", 256 << 10,
+                                "chunk bytes for pipelined tree/chain broadcast and reduce");
+const IntTunable kHierChunk("LOOM_HIER_CHUNK", 1 << 20,
+                            "chunk bytes of the hierarchical allreduce pipeline");
+
+// Ring allreduce among `members` (ascending ranks); `me` is this rank's index in it.
+void ring_allreduce_members(Exec& x, const std::vector<int>& members, int me, const void* in,
+                            void* out, size_t count) {
+  const int k = static_cast<int>(members.size());
+  const size_t es = x.esize();
+  if (k == 1) {
+    copy_bytes(out, in, count * es);
+    return;
+  }
+  const int next = members[mod(me + 1, k)], prev = members[mod(me - 1, k)];
+  Blocks b = even_blocks(count, k, es);
+  // Reduce-scatter: step s sends block me-s, receives block me-s-1 and folds in our input.
+  for (int s = 0; s < k - 1; ++s) {
+    int sb = mod(me - s, k), rb = mod(me - s - 1, k);
+    const void* src = s == 0 ? at(in, b.off[sb]) : at(out, b.off[sb]);
+    SendReq* snd = x.send(next, src, b.len[sb]);
+    RecvReq* rcv = x.recv_reduce(prev, at(out, b.off[rb]), at(in, b.off[rb]), b.len[rb]);
+    x.wait(rcv);
+    x.wait(snd);
+  }
+  // Block me+1 is now complete here. Allgather: pass complete blocks along.
+  for (int s = 0; s < k - 1; ++s) {
+    int sb = mod(me + 1 - s, k), rb = mod(me - s, k);
+    SendReq* snd = x.send(next, at(out, b.off[sb]), b.len[sb]);
+    RecvReq* rcv = x.recv(prev, at(out, b.off[rb]), b.len[rb]);
+    x.wait(rcv);
+    x.wait(snd);
+  }
+}
+
+// Binomial reduce of `work` (already holding this rank's input) toward `root`, chunked so
+// a rank forwards chunk c to its parent while it receives chunk c+1 from its children.
+void binomial_reduce_inplace(Exec& x, void* work, size_t bytes, int root) {
+  const int n = x.size(), vr = mod(x.rank() - root, n);
+  const size_t chunk = pipeline_chunk(x.esize());
+  size_t off = 0;
+  do {
+    size_t len = std::min(chunk, bytes - off);
+    for (int mask = 1; mask < n; mask <<= 1) {
+      if (vr & mask) {
+        x.send(mod(vr - mask + root, n), at(work, off), len);
+        break;
+      }
+      if (vr + mask < n) {
+        RecvReq* r = x.recv_reduce(mod(vr + mask + root, n), at(work, off), at(work, off), len);
+        x.wait(r);
+      }
+    }
+    off += len;
+  } while (off < bytes);
+  x.wait_all();
+}
+
+}  // namespace
+
+size_t pipeline_chunk(size_t esize) {
+  size_t c = static_cast<size_t>(std::max<int64_t>(kPipelineChunk.get(), 64));
+  return std::max(esize, c / esize * esize);
+}
+
+void allreduce_ring(Exec& x, const void* in, void* out, size_t count) {
+  std::vector<int> all(x.size());
+  for (int i = 0; i < x.size(); ++i) all[i] = i;
+  ring_allreduce_members(x, all, x.rank(), in, out, count);
+}
+
+void allreduce_rd(Exec& x, const void* in, void* out, size_t count) {
+  const int n = x.size(), r = x.rank();
+  const size_t bytes = count * x.esize();
+  copy_bytes(out, in, bytes);
+  if (n == 1) return;
+  const int p = largest_pow2_at_most(n), rem = n - p;
+  std::byte* tmp = x.scratch(bytes);
+  // Fold: among the first 2*rem ranks, even ones hand their data to the odd neighbour.
+  int vr;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      x.wait(x.send(r + 1, out, bytes));
+      vr = -1;
+    } else {
+      x.wait(x.recv(r - 1, tmp, bytes));
+      reduce_into(out, tmp, out, count, x.dtype(), x.redop());
+      vr = r / 2;
+    }
+  } else {
+    vr = r - rem;
+  }
+  if (vr >= 0) {
+    for (int mask = 1; mask < p; mask <<= 1) {
+      int pvr = vr ^ mask;
+      int peer = pvr < rem ? pvr * 2 + 1 : pvr + rem;
+      SendReq* s = x.send(peer, out, bytes);
+      RecvReq* rv = x.recv(peer, tmp, bytes);
+      x.wait(rv);
+      x.wait(s);
+      // Lower rank's operand first, so both partners compute identical bits.
+      if (peer < r)
+        reduce_into(out, tmp, out, count, x.dtype(), x.redop());
+      else
+        reduce_into(out, out, tmp, count, x.dtype(), x.redop());
+    }
+  }
+  if (r < 2 * rem) {
+    if (r % 2 == 1)
+      x.send(r - 1, out, bytes);
+    else
+      x.recv(r + 1, out, bytes);
+    x.wait_all();
+  }
+}
+
+void allreduce_direct(Exec& x, const void* in, void* out, size_t count) {
+  const int n = x.size(), r = x.rank();
+  const size_t bytes = count * x.esize();
+  if (n == 1) {
+    copy_bytes(out, in, bytes);
+    return;
+  }
+  if (in == out) {  // the input must survive until the local reduction below
+    std::byte* keep = x.scratch(bytes);
+    copy_bytes(keep, in, bytes);
+    in = keep;
+  }
+  for (int q = 0; q < n; ++q)
+    if (q != r) x.send(q, in, bytes);
+  // Reduce in rank order: ranks below us, our own input, ranks above us.
+  const RecvReq* prev = nullptr;
+  for (int q = 0; q < r; ++q)
+    prev = q == 0 ? x.recv(q, out, bytes) : x.recv_reduce(q, out, out, bytes, prev);
+  if (prev) x.wait(prev);
+  if (r == 0)
+    copy_bytes(out, in, bytes);
+  else
+    reduce_into(out, out, in, count, x.dtype(), x.redop());
+  prev = nullptr;
+  for (int q = r + 1; q < n; ++q) prev = x.recv_reduce(q, out, out, bytes, prev);
+  x.wait_all();
+}
+
+void allreduce_tree(Exec& x, const void* in, void* out, size_t count) {
+  const size_t bytes = count * x.esize();
+  copy_bytes(out, in, bytes);
+  if (x.size() == 1) return;
+  binomial_reduce_inplace(x, out, bytes, 0);
+  broadcast_tree(x, out, bytes, 0);
+}
+
+void allreduce_hier(Exec& x, const void* in, void* out, size_t count) {
+  const Topology& t = x.topo();
+  const int r = x.rank();
+  const std::vector<int>& local = t.hosts[t.host_of[r]];
+  const int leader = local.front();
+  const bool is_leader = r == leader;
+  std::vector<int> leaders;
+  int my_leader_index = -1;
+  for (int h = 0; h < t.nhosts(); ++h) {
+    if (t.leader_of_host(h) == leader) my_leader_index = h;
+    leaders.push_back(t.leader_of_host(h));
+  }
+  const size_t es = x.esize(), bytes = count * es;
+  const size_t chunk = std::max(es, static_cast<size_t>(kHierChunk.get()) / es * es);
+  const size_t nchunks = std::max<size_t>(1, (bytes + chunk - 1) / chunk);
+  auto off_of = [&](size_t c) { return c * chunk; };
+  auto len_of = [&](size_t c) { return std::min(chunk, bytes - std::min(bytes, c * chunk)); };
+
+  // Tick t: local reduce of chunk t, leaders' ring on chunk t-1, local broadcast of t-2.
+  for (size_t tick = 0; tick < nchunks + 2; ++tick) {
+    if (tick < nchunks) {
+      size_t o = off_of(tick), l = len_of(tick);
+      if (is_leader) {
+        copy_bytes(at(out, o), at(in, o), l);
+        const RecvReq* prev = nullptr;
+        for (size_t i = 1; i < local.size(); ++i)
+          prev = x.recv_reduce(local[i], at(out, o), at(out, o), l, prev);
+      } else {
+        x.send(leader, at(in, o), l);
+      }
+    }
+    if (tick >= 2 && tick - 2 < nchunks) {
+      size_t o = off_of(tick - 2), l = len_of(tick - 2);
+      if (is_leader) {
+        for (size_t i = 1; i < local.size(); ++i) x.send(local[i], at(out, o), l);
+      } else {
+        x.recv(leader, at(out, o), l);
+      }
+    }
+    if (is_leader && tick >= 1 && tick - 1 < nchunks) {
+      size_t o = off_of(tick - 1), l = len_of(tick - 1);
+      ring_allreduce_members(x, leaders, my_leader_index, at(out, o), at(out, o), l / es);
+    }
+    x.wait_all();
+  }
+}
+
+}  // namespace loom::comm::algo

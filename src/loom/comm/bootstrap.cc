@@ -1,0 +1,164 @@
+#include "loom/comm/bootstrap.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "loom/comm/net/socket.h"
+#include "loom/comm/store/tcp_store.h"
+#include "loom/core/error.h"
+#include "loom/core/hmac.h"
+#include "loom/core/log.h"
+#include "loom/core/tunable.h"
+
+namespace loom::comm {
+namespace {
+
+const StringTunable kStore("LOOM_STORE", "", "rendezvous store, tcp://host:port");
+const IntTunable kStoreExternal("LOOM_STORE_EXTERNAL", 0,
+                                "1 when a launcher hosts the store (rank 0 then does not)");
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = env(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || x < 0)
+    throw UserError(std::string(name) + "='" + v + "' is not a non-negative integer",
+                    "check the launcher's environment");
+  return static_cast<int>(x);
+}
+
+// "node[01-04,07],other" -> "node01"; "a,b" -> "a".
+std::string first_slurm_host(const std::string& list) {
+  auto bracket = list.find('[');
+  auto comma = list.find(',');
+  if (bracket == std::string::npos || (comma != std::string::npos && comma < bracket))
+    return list.substr(0, comma);
+  std::string prefix = list.substr(0, bracket);
+  std::string inside = list.substr(bracket + 1);
+  size_t stop = inside.find_first_of("-,]");
+  return prefix + inside.substr(0, stop);
+}
+
+uint16_t port_for_job(const std::string& job_id) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : job_id) h = (h ^ c) * 1099511628211ull;
+  return static_cast<uint16_t>(29500 + h % 1000);
+}
+
+// A single-machine job without a token: rank 0 generates one and hands it over through a
+// private file named after the job.
+std::string local_token(const LaunchInfo& info, const std::string& store_url, Deadline deadline) {
+  std::string dir = "/tmp/loom-" + std::to_string(::getuid());
+  std::string id = info.job_id.empty() ? store_url : info.job_id;
+  for (auto& c : id)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  std::string path = dir + "/token-" + id;
+  if (info.rank == 0) {
+    ::mkdir(dir.c_str(), 0700);
+    std::string token = generate_token();
+    std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    {
+      int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (fd < 0)
+        throw Error("cannot write the job token file " + tmp + ": " + errno_text(errno));
+      ssize_t w = ::write(fd, token.data(), token.size());
+      ::close(fd);
+      if (w != static_cast<ssize_t>(token.size())) throw Error("short write to " + tmp);
+    }
+    std::filesystem::rename(tmp, path);
+    return token;
+  }
+  while (!deadline.expired()) {
+    std::ifstream f(path);
+    std::string token;
+    if (f && std::getline(f, token) && token.size() == 64) return token;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  throw UserError("no LOOM_JOB_TOKEN and rank 0 did not publish one in " + path,
+                  "set LOOM_JOB_TOKEN to the same secret on every rank");
+}
+
+}  // namespace
+
+LaunchInfo launch_info_from_env() {
+  LaunchInfo i;
+  if (env("LOOM_RANK") || env("LOOM_WORLD_SIZE")) {
+    i.source = "loom";
+    i.rank = env_int("LOOM_RANK", 0);
+    i.size = env_int("LOOM_WORLD_SIZE", 1);
+    i.local_rank = env_int("LOOM_LOCAL_RANK", i.rank);
+    i.local_size = env_int("LOOM_LOCAL_WORLD_SIZE", i.size);
+    if (const char* j = env("LOOM_JOB_ID")) i.job_id = j;
+  } else if (env("OMPI_COMM_WORLD_RANK")) {
+    i.source = "mpirun";
+    i.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+    i.size = env_int("OMPI_COMM_WORLD_SIZE", 1);
+    i.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+    i.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", i.size);
+    if (const char* j = env("PMIX_NAMESPACE")) i.job_id = j;
+    else if (const char* j2 = env("OMPI_MCA_ess_base_jobid")) i.job_id = j2;
+  } else if (env("SLURM_PROCID")) {
+    i.source = "slurm";
+    i.rank = env_int("SLURM_PROCID", 0);
+    i.size = env_int("SLURM_NTASKS", 1);
+    i.local_rank = env_int("SLURM_LOCALID", 0);
+    int nodes = env_int("SLURM_JOB_NUM_NODES", env_int("SLURM_NNODES", 1));
+    i.local_size = nodes <= 1 ? i.size : env_int("SLURM_NTASKS_PER_NODE", 0);
+    std::string job = env("SLURM_JOB_ID") ? env("SLURM_JOB_ID") : "";
+    if (env("SLURM_STEP_ID")) job += std::string(".") + env("SLURM_STEP_ID");
+    i.job_id = job;
+  }
+  if (i.size < 1 || i.rank >= i.size)
+    throw UserError("rank " + std::to_string(i.rank) + " is outside world size " +
+                        std::to_string(i.size) + " (from the " + i.source + " environment)",
+                    "ranks run from 0 to size-1");
+  return i;
+}
+
+std::string store_url_from_env(const LaunchInfo& info) {
+  std::string s = kStore.get();
+  if (!s.empty()) return s;
+  std::string host = "127.0.0.1";
+  if (const char* a = env("MASTER_ADDR")) host = a;
+  else if (info.source == "slurm" && env("SLURM_JOB_NODELIST"))
+    host = first_slurm_host(env("SLURM_JOB_NODELIST"));
+  uint16_t port = 29500;
+  if (const char* p = env("MASTER_PORT")) port = static_cast<uint16_t>(env_int("MASTER_PORT", 29500)), (void)p;
+  else if (!info.job_id.empty()) port = port_for_job(info.job_id);
+  return "tcp://" + host + ":" + std::to_string(port);
+}
+
+std::shared_ptr<Communicator> init_from_env(CommConfig cfg) {
+  LaunchInfo info = launch_info_from_env();
+  log::set_rank(info.rank);
+  std::string url = store_url_from_env(info);
+  net::HostPort addr = net::parse_host_port(url, "LOOM_STORE");
+  Deadline deadline = Deadline::after_seconds(cfg.timeout_s);
+  if (cfg.token.empty()) {
+    if (info.local_size != info.size)
+      throw UserError("LOOM_JOB_TOKEN is not set for a job that spans several machines",
+                      "export the same random secret as LOOM_JOB_TOKEN on every rank");
+    cfg.token = info.size == 1 ? generate_token() : local_token(info, url, deadline);
+  }
+  std::shared_ptr<TcpStoreServer> server;
+  if (info.rank == 0 && kStoreExternal.get() == 0)
+    server = std::make_shared<TcpStoreServer>(addr.host, addr.port, cfg.token);
+  auto store = std::make_shared<TcpStore>(addr, cfg.token, deadline);
+  auto comm = Communicator::create(store, info.rank, info.size, std::move(cfg));
+  if (server) comm->hold(server);
+  return comm;
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,729 @@
+#include "loom/comm/communicator.h"
+
+#include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "loom/comm/algorithms/algorithms.h"
+#include "loom/comm/net/handshake.h"
+#include "loom/comm/net/socket.h"
+#include "loom/comm/reduce.h"
+#include "loom/comm/store/prefix_store.h"
+#include "loom/comm/transport/shm/segment.h"
+#include "loom/comm/transport/shm/shm_pair.h"
+#include "loom/comm/transport/tcp/tcp_pair.h"
+#include "loom/core/check.h"
+#include "loom/core/error.h"
+#include "loom/core/log.h"
+#include "loom/core/tunable.h"
+
+namespace loom::comm {
+namespace {
+
+const DoubleTunable kTimeout("LOOM_TIMEOUT_S", 300.0,
+                             "deadline of every blocking communication call, seconds");
+const StringTunable kTransport("LOOM_TRANSPORT", "auto",
+                               "auto (shm inside a host, TCP across) or tcp (TCP everywhere)");
+const StringTunable kHostId("LOOM_HOST_ID", "",
+                            "override this process's host identity (tests place ranks on "
+                            "virtual hosts)");
+const StringTunable kAddr("LOOM_ADDR", "",
+                          "address to listen on for peers (default: the one that reaches the "
+                          "store)");
+const StringTunable kToken("LOOM_JOB_TOKEN", "", "per-job secret proven by every connection");
+const StringTunable kAlgo("LOOM_ALGO", "auto", "force an algorithm: auto|ring|direct|tree|rd|hier");
+const IntTunable kSpin("LOOM_SPIN_ITERS", 2000,
+                       "busy-poll iterations before a waiting rank yields (0 when oversubscribed)");
+
+constexpr uint32_t kPairHelloMagic = 0x52494150;  // "PAIR"
+
+struct PairHello {
+  uint32_t magic;
+  int32_t rank;
+  uint64_t comm_hash;
+};
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string default_host_id() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  return std::string(host) + "/" + boot.substr(0, 8);
+}
+
+int cpus_available() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+struct PeerInfo {
+  std::string host_id;
+  int pid = 0;
+  std::string addr;
+  uint16_t port = 0;
+};
+
+std::string encode_peer(const PeerInfo& p) {
+  return p.host_id + "\t" + std::to_string(p.pid) + "\t" + p.addr + "\t" + std::to_string(p.port);
+}
+
+PeerInfo decode_peer(const std::string& s) {
+  PeerInfo p;
+  std::istringstream is(s);
+  std::string pid, port;
+  std::getline(is, p.host_id, '\t');
+  std::getline(is, pid, '\t');
+  std::getline(is, p.addr, '\t');
+  std::getline(is, port, '\t');
+  p.pid = std::atoi(pid.c_str());
+  p.port = static_cast<uint16_t>(std::atoi(port.c_str()));
+  return p;
+}
+
+std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  }
+  return "?";
+}
+
+}  // namespace
+
+CommConfig CommConfig::from_env() {
+  CommConfig c;
+  c.timeout_s = kTimeout.get();
+  if (c.timeout_s <= 0)
+    throw UserError("LOOM_TIMEOUT_S must be positive", "set a number of seconds, e.g. 300");
+  c.transport = kTransport.get();
+  if (c.transport != "auto" && c.transport != "tcp")
+    throw UserError("LOOM_TRANSPORT='" + c.transport + "' is not a transport",
+                    "use auto or tcp");
+  c.host_id = kHostId.get();
+  c.listen_host = kAddr.get();
+  c.token = kToken.get();
+  auto a = parse_algo(kAlgo.get());
+  if (!a)
+    throw UserError("LOOM_ALGO='" + kAlgo.get() + "' is not an algorithm",
+                    "use auto, ring, direct, tree, rd or hier");
+  c.algo = *a;
+  c.model = CostModel::from_env();
+  return c;
+}
+
+// ------------------------------------------------------------------ setup
+
+Communicator::Communicator(std::shared_ptr<Store> root_store, std::shared_ptr<Store> store,
+                           int rank, int size, CommConfig cfg)
+    : root_store_(std::move(root_store)),
+      store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      cfg_(std::move(cfg)) {
+  if (size < 1 || rank < 0 || rank >= size)
+    throw UserError("rank " + std::to_string(rank) + " is not valid for world size " +
+                        std::to_string(size),
+                    "ranks run from 0 to size-1 (LOOM_RANK, LOOM_WORLD_SIZE)");
+  watch_store_ = root_store_->clone();
+  p2p_send_seq_.assign(size, 0);
+  p2p_recv_seq_.assign(size, 0);
+}
+
+std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank,
+                                                   int size, CommConfig cfg) {
+  auto ns = std::make_shared<PrefixStore>(cfg.name, std::move(store));
+  std::shared_ptr<Communicator> c(new Communicator(ns, ns, rank, size, std::move(cfg)));
+  c->connect(Deadline::after_seconds(c->cfg_.timeout_s));
+  return c;
+}
+
+void Communicator::connect(Deadline deadline) {
+  static std::once_flag swept;
+  std::call_once(swept, [] { shm::sweep_stale(); });
+  if (cfg_.host_id.empty()) cfg_.host_id = default_host_id();
+  std::string listen_host = cfg_.listen_host;
+  if (listen_host.empty()) listen_host = store_->local_host();
+  if (listen_host.empty()) listen_host = "127.0.0.1";
+
+  net::Fd listener = net::listen_on(listen_host, 0);
+  PeerInfo me{cfg_.host_id, static_cast<int>(::getpid()), listen_host,
+              net::local_address(listener.get()).port};
+  store_->set("peer/" + std::to_string(rank_), encode_peer(me));
+  std::vector<std::string> keys;
+  for (int q = 0; q < size_; ++q) keys.push_back("peer/" + std::to_string(q));
+  store_->wait(keys, deadline);
+  std::vector<PeerInfo> peers(size_);
+  for (int q = 0; q < size_; ++q) peers[q] = decode_peer(store_->get(keys[q], deadline));
+
+  // Topology: hosts numbered in order of their lowest rank.
+  topo_.size = size_;
+  topo_.force_tcp = cfg_.transport == "tcp";
+  std::map<std::string, int> host_index;
+  topo_.host_of.resize(size_);
+  for (int q = 0; q < size_; ++q) {
+    auto [it, fresh] = host_index.emplace(peers[q].host_id, topo_.nhosts());
+    if (fresh) topo_.hosts.emplace_back();
+    topo_.host_of[q] = it->second;
+    topo_.hosts[it->second].push_back(q);
+  }
+  topo_.shm_with.resize(size_);
+  for (int q = 0; q < size_; ++q)
+    topo_.shm_with[q] = q != rank_ && !topo_.force_tcp && topo_.host_of[q] == topo_.host_of[rank_];
+  topo_.oversubscribed =
+      static_cast<int>(topo_.hosts[topo_.host_of[rank_]].size()) > cpus_available();
+  wait_policy_.spin_iters = topo_.oversubscribed ? 0 : static_cast<int>(kSpin.get());
+
+  pairs_.resize(size_);
+  const std::string my_name = static_cast<PrefixStore&>(*store_).prefix();
+  const uint64_t comm_hash = fnv1a(my_name);
+  Deadline hs_deadline = deadline.earlier(Deadline::after_seconds(30));
+
+  // 1. Shared-memory segments this rank creates (for higher local ranks).
+  size_t ring = ShmPair::default_ring_bytes();
+  for (int q = rank_ + 1; q < size_; ++q) {
+    if (!topo_.shm_with[q]) continue;
+    shm::Segment seg = shm::Segment::create(ShmPair::segment_bytes(ring));
+    ShmPair::format(seg, ring);
+    store_->set("shm/" + std::to_string(rank_) + "/" + std::to_string(q), seg.name());
+    pairs_[q] = std::make_unique<ShmPair>(rank_, q, std::move(seg), 0);
+  }
+
+  // 2. Accept TCP connections from higher ranks on a helper thread.
+  std::vector<bool> expect(size_, false);
+  int expected = 0;
+  for (int q = rank_ + 1; q < size_; ++q)
+    if (!topo_.shm_with[q]) expect[q] = true, ++expected;
+  std::vector<net::Fd> accepted(size_);
+  std::exception_ptr accept_error;
+  std::thread acceptor([&] {
+    try {
+      int got = 0;
+      while (got < expected) {
+        net::Fd fd = net::accept_one(listener.get(), deadline);
+        if (!fd.valid())
+          throw PeerError(PeerError::Kind::kTimeout,
+                          "rank " + std::to_string(rank_) +
+                              " timed out waiting for peers to connect");
+        if (!net::server_handshake(fd.get(), cfg_.token, "pair", hs_deadline)) continue;
+        PairHello hello{};
+        try {
+          net::recv_all(fd.get(), &hello, sizeof hello, hs_deadline, "a connecting peer");
+        } catch (const PeerError& e) {
+          LOOM_LOG(kWarn, "comm") << "dropped a peer connection before it said hello: " << e.what();
+          continue;
+        }
+        if (hello.magic != kPairHelloMagic || hello.comm_hash != comm_hash || hello.rank < 0 ||
+            hello.rank >= size_ || !expect[hello.rank] || accepted[hello.rank].valid()) {
+          LOOM_LOG(kWarn, "comm") << "refused a peer connection claiming rank " << hello.rank
+                                  << " (not expected on this communicator)";
+          continue;
+        }
+        accepted[hello.rank] = std::move(fd);
+        ++got;
+      }
+    } catch (...) {
+      accept_error = std::current_exception();
+    }
+  });
+
+  // 3. Connect to lower TCP peers, 4. open lower ranks' shared-memory segments.
+  std::exception_ptr connect_error;
+  try {
+    for (int q = 0; q < rank_; ++q) {
+      if (topo_.shm_with[q]) continue;
+      std::string who = "rank " + std::to_string(q);
+      net::Fd fd = net::connect_to({peers[q].addr, peers[q].port}, deadline, who);
+      net::client_handshake(fd.get(), cfg_.token, "pair", hs_deadline);
+      PairHello hello{kPairHelloMagic, rank_, comm_hash};
+      net::send_all(fd.get(), &hello, sizeof hello, hs_deadline, who);
+      pairs_[q] = std::make_unique<TcpPair>(rank_, q, std::move(fd));
+    }
+    for (int q = 0; q < rank_; ++q) {
+      if (!topo_.shm_with[q]) continue;
+      std::string name = store_->get("shm/" + std::to_string(q) + "/" + std::to_string(rank_),
+                                     deadline);
+      shm::Segment seg = shm::Segment::open(name);
+      seg.unlink();  // both sides have it mapped now; nothing can outlive the job
+      pairs_[q] = std::make_unique<ShmPair>(rank_, q, std::move(seg), 1);
+    }
+  } catch (...) {
+    connect_error = std::current_exception();
+    ::shutdown(listener.get(), SHUT_RDWR);
+  }
+  acceptor.join();
+  if (connect_error) std::rethrow_exception(connect_error);
+  if (accept_error) std::rethrow_exception(accept_error);
+  for (int q = 0; q < size_; ++q)
+    if (accepted[q].valid()) pairs_[q] = std::make_unique<TcpPair>(rank_, q, std::move(accepted[q]));
+
+  LOOM_LOG(kInfo, "comm") << "communicator '" << cfg_.name << "' rank " << rank_ << "/" << size_
+                          << ": " << topo_.describe();
+  barrier();  // every pair works before the first user call
+}
+
+std::shared_ptr<Communicator> Communicator::split(int color, int key) {
+  std::vector<int64_t> mine{color, key}, all(2 * static_cast<size_t>(size_));
+  Op op;
+  op.fp = {OpKind::kSplit, DType::kI64, ReduceOp::kSum, Algo::kDirect, -1, 2};
+  op.body = [&](Exec& x) {
+    algo::allgather_direct(x, mine.data(), all.data(), algo::even_blocks(2 * size_, size_, 8));
+  };
+  submit(std::move(op), true);
+  int index = splits_++;
+  if (color < 0) return nullptr;
+  std::vector<int> members;
+  for (int q = 0; q < size_; ++q)
+    if (all[2 * q] == color) members.push_back(q);
+  std::stable_sort(members.begin(), members.end(),
+                   [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+  int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+  std::string sub = "split" + std::to_string(index) + "/c" + std::to_string(color);
+  CommConfig cfg = cfg_;
+  cfg.name = cfg_.name + "/" + sub;
+  auto ns = std::make_shared<PrefixStore>(sub, store_);
+  std::shared_ptr<Communicator> c(new Communicator(root_store_, ns, new_rank,
+                                                   static_cast<int>(members.size()), cfg));
+  c->connect(Deadline::after_seconds(cfg.timeout_s));
+  return c;
+}
+
+Communicator::~Communicator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+// ------------------------------------------------------------------ execution
+
+Algo Communicator::chosen_algo(OpKind op, size_t bytes, Algo requested) const {
+  if (requested == Algo::kAuto) requested = cfg_.algo;
+  return choose_algo(op, bytes, topo_, cfg_.model, requested);
+}
+
+WorkPtr Communicator::submit(Op op, bool blocking) {
+  op.work = std::make_shared<Work>();
+  WorkPtr work = op.work;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (broken_) {
+    work->finish(std::make_exception_ptr(
+        PeerError(PeerError::Kind::kAborted,
+                  "rank " + std::to_string(rank_) + ": communicator '" + cfg_.name +
+                      "' is unusable after an earlier failure: " + what_of(broken_) +
+                      " (create a new communicator to recover)")));
+    lock.unlock();
+    if (blocking) work->wait();
+    return work;
+  }
+  if (op.p2p_peer >= 0)
+    op.seq = op.p2p_send ? p2p_send_seq_[op.p2p_peer]++ : p2p_recv_seq_[op.p2p_peer]++;
+  else
+    op.seq = next_seq_++;
+  if (blocking && queue_.empty() && !running_) {
+    // The latency path: run on the caller's thread.
+    running_ = true;
+    lock.unlock();
+    std::exception_ptr err;
+    try {
+      run(op);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lock.lock();
+    running_ = false;
+    lock.unlock();
+    cv_.notify_all();
+    work->finish(err);
+    if (err) std::rethrow_exception(err);
+    return work;
+  }
+  queue_.push_back(std::move(op));
+  if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  lock.unlock();
+  cv_.notify_all();
+  if (blocking) work->wait();
+  return work;
+}
+
+void Communicator::worker_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return (stop_ && queue_.empty()) || (!queue_.empty() && !running_); });
+    if (queue_.empty()) return;
+    Op op = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+    std::exception_ptr err = broken_;
+    lock.unlock();
+    if (!err) {
+      try {
+        run(op);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    op.work->finish(err);
+    lock.lock();
+    running_ = false;
+    cv_.notify_all();
+  }
+}
+
+void Communicator::check_abort() {
+  std::string key = "abort";
+  if (!watch_store_->check({key})) return;
+  std::string why = watch_store_->get(key, Deadline::after_seconds(10));
+  throw PeerError(PeerError::Kind::kAborted, "the job was aborted: " + why);
+}
+
+void Communicator::fail(const Op& op, const std::exception& e) {
+  for (auto& p : pairs_)
+    if (p) p->cancel_all();
+  const auto* pe = dynamic_cast<const PeerError*>(&e);
+  PeerError::Kind kind = pe ? pe->kind() : PeerError::Kind::kProtocol;
+  int peer = pe ? pe->peer() : -1;
+  std::string msg = "rank " + std::to_string(rank_) + ": " + op.fp.str() + " at sequence number " +
+                    std::to_string(op.seq) + " on communicator '" + cfg_.name +
+                    "' failed: " + e.what();
+  if (kind != PeerError::Kind::kAborted) {
+    try {  // tell every other rank; the first report wins
+      watch_store_->compare_set("abort", "", msg);
+    } catch (const std::exception& se) {
+      LOOM_LOG(kWarn, "comm") << "could not post the abort record: " << se.what();
+    }
+  }
+  PeerError err(kind, msg, peer);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_) broken_ = std::make_exception_ptr(err);
+  }
+  throw err;
+}
+
+void Communicator::run(Op& op) {
+  double t = op.timeout_s > 0 ? op.timeout_s : cfg_.timeout_s;
+  Exec x(rank_, size_, pairs_, topo_, op.fp, op.seq, Deadline::after_seconds(t), wait_policy_,
+         [this] { check_abort(); }, scratch_);
+  try {
+    op.body(x);
+  } catch (const PeerError& e) {
+    fail(op, e);
+  } catch (const InternalError& e) {
+    fail(op, e);
+  }
+}
+
+void Communicator::validate(int root, const char* what) const {
+  if (root < 0 || root >= size_)
+    throw UserError(std::string(what) + ": root " + std::to_string(root) +
+                        " is not a rank of this communicator (size " + std::to_string(size_) + ")",
+                    "pass a root between 0 and size-1");
+}
+
+void Communicator::validate_peer(int peer, const char* what) const {
+  if (peer < 0 || peer >= size_ || peer == rank_)
+    throw UserError(std::string(what) + ": peer " + std::to_string(peer) +
+                        " is not another rank of this communicator (rank " +
+                        std::to_string(rank_) + ", size " + std::to_string(size_) + ")",
+                    "pass a peer between 0 and size-1, other than yourself");
+}
+
+// ------------------------------------------------------------------ collectives
+
+namespace {
+Fingerprint fingerprint(OpKind op, DType t, ReduceOp r, Algo a, int root, uint64_t count) {
+  Fingerprint fp;
+  fp.op = op;
+  fp.dtype = t;
+  fp.redop = r;
+  fp.algo = a;
+  fp.root = root;
+  fp.count = count;
+  return fp;
+}
+}  // namespace
+
+WorkPtr Communicator::allreduce_impl(bool blocking, const void* in, void* out, size_t count, DType t,
+                                      ReduceOp op, OpOptions o) {
+  const size_t bytes = count * dtype_size(t);
+  Algo a = chosen_algo(OpKind::kAllreduce, bytes, o.algo);
+  Op p;
+  p.fp = fingerprint(OpKind::kAllreduce, t, op, a, -1, count);
+  p.timeout_s = o.timeout_s;
+  int n = size_;
+  p.body = [=](Exec& x) {
+    switch (a) {
+      case Algo::kRing: algo::allreduce_ring(x, in, out, count); break;
+      case Algo::kRd: algo::allreduce_rd(x, in, out, count); break;
+      case Algo::kDirect: algo::allreduce_direct(x, in, out, count); break;
+      case Algo::kTree: algo::allreduce_tree(x, in, out, count); break;
+      case Algo::kHier: algo::allreduce_hier(x, in, out, count); break;
+      default: LOOM_CHECK_MSG(false, "no allreduce algorithm " + std::string(algo_name(a)));
+    }
+    if (op == ReduceOp::kAvg) finish_avg(out, count, t, n);
+  };
+  return submit(std::move(p), blocking);
+}
+
+WorkPtr Communicator::allgatherv_impl(bool blocking, const void* in, void* out, std::vector<size_t> counts,
+                                       DType t, OpOptions o) {
+  if (counts.size() != static_cast<size_t>(size_))
+    throw UserError("allgatherv: " + std::to_string(counts.size()) + " counts for " +
+                        std::to_string(size_) + " ranks",
+                    "pass one count per rank");
+  auto b = algo::blocks_from_counts(counts, dtype_size(t));
+  uint64_t total = 0;
+  for (size_t c : counts) total += c;
+  Algo a = chosen_algo(OpKind::kAllgather, b.total(), o.algo);
+  Op p;
+  p.fp = fingerprint(OpKind::kAllgather, t, ReduceOp::kSum, a, -1, total);
+  p.timeout_s = o.timeout_s;
+  p.body = [=](Exec& x) {
+    switch (a) {
+      case Algo::kRing: algo::allgather_ring(x, in, out, b); break;
+      case Algo::kDirect: algo::allgather_direct(x, in, out, b); break;
+      case Algo::kRd: algo::allgather_rd(x, in, out, b); break;
+      case Algo::kHier: algo::allgather_hier(x, in, out, b); break;
+      default: LOOM_CHECK_MSG(false, "no allgather algorithm " + std::string(algo_name(a)));
+    }
+  };
+  return submit(std::move(p), blocking);
+}
+
+WorkPtr Communicator::allgather_impl(bool blocking, const void* in, void* out, size_t count, DType t,
+                                      OpOptions o) {
+  return allgatherv_impl(blocking, in, out, std::vector<size_t>(size_, count), t, o);
+}
+
+WorkPtr Communicator::reduce_scatter_impl(bool blocking, const void* in, void* out, size_t count, DType t,
+                                           ReduceOp op, OpOptions o) {
+  const size_t bytes = count * dtype_size(t) * size_;
+  Algo a = chosen_algo(OpKind::kReduceScatter, bytes, o.algo);
+  Op p;
+  p.fp = fingerprint(OpKind::kReduceScatter, t, op, a, -1, count);
+  p.timeout_s = o.timeout_s;
+  int n = size_;
+  p.body = [=](Exec& x) {
+    switch (a) {
+      case Algo::kRing: algo::reduce_scatter_ring(x, in, out, count); break;
+      case Algo::kDirect: algo::reduce_scatter_direct(x, in, out, count); break;
+      case Algo::kRd: algo::reduce_scatter_rd(x, in, out, count); break;
+      default: LOOM_CHECK_MSG(false, "no reduce_scatter algorithm " + std::string(algo_name(a)));
+    }
+    if (op == ReduceOp::kAvg) finish_avg(out, count, t, n);
+  };
+  return submit(std::move(p), blocking);
+}
+
+WorkPtr Communicator::broadcast_impl(bool blocking, void* buf, size_t count, DType t, int root, OpOptions o) {
+  validate(root, "broadcast");
+  const size_t bytes = count * dtype_size(t);
+  Algo a = chosen_algo(OpKind::kBroadcast, bytes, o.algo);
+  Op p;
+  p.fp = fingerprint(OpKind::kBroadcast, t, ReduceOp::kSum, a, root, count);
+  p.timeout_s = o.timeout_s;
+  p.body = [=](Exec& x) {
+    switch (a) {
+      case Algo::kTree: algo::broadcast_tree(x, buf, bytes, root); break;
+      case Algo::kDirect: algo::broadcast_direct(x, buf, bytes, root); break;
+      case Algo::kRing: algo::broadcast_ring(x, buf, bytes, root); break;
+      default: LOOM_CHECK_MSG(false, "no broadcast algorithm " + std::string(algo_name(a)));
+    }
+  };
+  return submit(std::move(p), blocking);
+}
+
+WorkPtr Communicator::reduce_impl(bool blocking, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                                   int root, OpOptions o) {
+  validate(root, "reduce");
+  const size_t bytes = count * dtype_size(t);
+  Algo a = chosen_algo(OpKind::kReduce, bytes, o.algo);
+  Op p;
+  p.fp = fingerprint(OpKind::kReduce, t, op, a, root, count);
+  p.timeout_s = o.timeout_s;
+  int n = size_, me = rank_;
+  p.body = [=](Exec& x) {
+    switch (a) {
+      case Algo::kTree: algo::reduce_tree(x, in, out, count, root); break;
+      case Algo::kDirect: algo::reduce_direct(x, in, out, count, root); break;
+      default: LOOM_CHECK_MSG(false, "no reduce algorithm " + std::string(algo_name(a)));
+    }
+    if (op == ReduceOp::kAvg && me == root) finish_avg(out, count, t, n);
+  };
+  return submit(std::move(p), blocking);
+}
+
+WorkPtr Communicator::gather_impl(bool blocking, const void* in, void* out, size_t count, DType t, int root,
+                                   OpOptions o) {
+  validate(root, "gather");
+  const size_t bytes = count * dtype_size(t);
+  Op p;
+  p.fp = fingerprint(OpKind::kGather, t, ReduceOp::kSum, Algo::kDirect, root, count);
+  p.timeout_s = o.timeout_s;
+  p.body = [=](Exec& x) { algo::gather_direct(x, in, out, bytes, root); };
+  return submit(std::move(p), blocking);
+}
+
+WorkPtr Communicator::scatter_impl(bool blocking, const void* in, void* out, size_t count, DType t, int root,
+                                    OpOptions o) {
+  validate(root, "scatter");
+  const size_t bytes = count * dtype_size(t);
+  Op p;
+  p.fp = fingerprint(OpKind::kScatter, t, ReduceOp::kSum, Algo::kDirect, root, count);
+  p.timeout_s = o.timeout_s;
+  p.body = [=](Exec& x) { algo::scatter_direct(x, in, out, bytes, root); };
+  return submit(std::move(p), blocking);
+}
+
+WorkPtr Communicator::alltoall_impl(bool blocking, const void* in, void* out, size_t count, DType t,
+                                     OpOptions o) {
+  const size_t bytes = count * dtype_size(t);
+  Op p;
+  p.fp = fingerprint(OpKind::kAlltoall, t, ReduceOp::kSum, Algo::kDirect, -1, count);
+  p.timeout_s = o.timeout_s;
+  p.body = [=](Exec& x) { algo::alltoall_direct(x, in, out, bytes); };
+  return submit(std::move(p), blocking);
+}
+
+WorkPtr Communicator::barrier_impl(bool blocking, OpOptions o) {
+  Op p;
+  p.fp = fingerprint(OpKind::kBarrier, DType::kU8, ReduceOp::kSum, Algo::kRd, -1, 0);
+  p.timeout_s = o.timeout_s;
+  p.body = [](Exec& x) { algo::barrier_dissemination(x); };
+  return submit(std::move(p), blocking);
+}
+
+WorkPtr Communicator::send_impl(bool blocking, const void* buf, size_t count, DType t, int peer, OpOptions o) {
+  validate_peer(peer, "send");
+  const size_t bytes = count * dtype_size(t);
+  Op p;
+  p.fp = fingerprint(OpKind::kSendRecv, t, ReduceOp::kSum, Algo::kDirect, -1, count);
+  p.timeout_s = o.timeout_s;
+  p.p2p_peer = peer;
+  p.p2p_send = true;
+  p.body = [=](Exec& x) {
+    x.send(peer, buf, bytes);
+    x.wait_all();
+  };
+  return submit(std::move(p), blocking);
+}
+
+WorkPtr Communicator::recv_impl(bool blocking, void* buf, size_t count, DType t, int peer, OpOptions o) {
+  validate_peer(peer, "recv");
+  const size_t bytes = count * dtype_size(t);
+  Op p;
+  p.fp = fingerprint(OpKind::kSendRecv, t, ReduceOp::kSum, Algo::kDirect, -1, count);
+  p.timeout_s = o.timeout_s;
+  p.p2p_peer = peer;
+  p.body = [=](Exec& x) {
+    x.recv(peer, buf, bytes);
+    x.wait_all();
+  };
+  return submit(std::move(p), blocking);
+}
+
+
+// ------------------------------------------------------------------ public forms
+
+WorkPtr Communicator::allreduce_async(const void* in, void* out, size_t count, DType t,
+                                      ReduceOp op, OpOptions o) {
+  return allreduce_impl(false, in, out, count, t, op, o);
+}
+void Communicator::allreduce(const void* in, void* out, size_t count, DType t, ReduceOp op,
+                             OpOptions o) {
+  allreduce_impl(true, in, out, count, t, op, o);
+}
+WorkPtr Communicator::allgather_async(const void* in, void* out, size_t count, DType t,
+                                      OpOptions o) {
+  return allgather_impl(false, in, out, count, t, o);
+}
+void Communicator::allgather(const void* in, void* out, size_t count, DType t, OpOptions o) {
+  allgather_impl(true, in, out, count, t, o);
+}
+WorkPtr Communicator::allgatherv_async(const void* in, void* out, std::vector<size_t> counts,
+                                       DType t, OpOptions o) {
+  return allgatherv_impl(false, in, out, std::move(counts), t, o);
+}
+void Communicator::allgatherv(const void* in, void* out, std::vector<size_t> counts, DType t,
+                              OpOptions o) {
+  allgatherv_impl(true, in, out, std::move(counts), t, o);
+}
+WorkPtr Communicator::reduce_scatter_async(const void* in, void* out, size_t count, DType t,
+                                           ReduceOp op, OpOptions o) {
+  return reduce_scatter_impl(false, in, out, count, t, op, o);
+}
+void Communicator::reduce_scatter(const void* in, void* out, size_t count, DType t, ReduceOp op,
+                                  OpOptions o) {
+  reduce_scatter_impl(true, in, out, count, t, op, o);
+}
+WorkPtr Communicator::broadcast_async(void* buf, size_t count, DType t, int root, OpOptions o) {
+  return broadcast_impl(false, buf, count, t, root, o);
+}
+void Communicator::broadcast(void* buf, size_t count, DType t, int root, OpOptions o) {
+  broadcast_impl(true, buf, count, t, root, o);
+}
+WorkPtr Communicator::reduce_async(const void* in, void* out, size_t count, DType t, ReduceOp op,
+                                   int root, OpOptions o) {
+  return reduce_impl(false, in, out, count, t, op, root, o);
+}
+void Communicator::reduce(const void* in, void* out, size_t count, DType t, ReduceOp op, int root,
+                          OpOptions o) {
+  reduce_impl(true, in, out, count, t, op, root, o);
+}
+WorkPtr Communicator::gather_async(const void* in, void* out, size_t count, DType t, int root,
+                                   OpOptions o) {
+  return gather_impl(false, in, out, count, t, root, o);
+}
+void Communicator::gather(const void* in, void* out, size_t count, DType t, int root,
+                          OpOptions o) {
+  gather_impl(true, in, out, count, t, root, o);
+}
+WorkPtr Communicator::scatter_async(const void* in, void* out, size_t count, DType t, int root,
+                                    OpOptions o) {
+  return scatter_impl(false, in, out, count, t, root, o);
+}
+void Communicator::scatter(const void* in, void* out, size_t count, DType t, int root,
+                           OpOptions o) {
+  scatter_impl(true, in, out, count, t, root, o);
+}
+WorkPtr Communicator::alltoall_async(const void* in, void* out, size_t count, DType t,
+                                     OpOptions o) {
+  return alltoall_impl(false, in, out, count, t, o);
+}
+void Communicator::alltoall(const void* in, void* out, size_t count, DType t, OpOptions o) {
+  alltoall_impl(true, in, out, count, t, o);
+}
+WorkPtr Communicator::barrier_async(OpOptions o) { return barrier_impl(false, o); }
+void Communicator::barrier(OpOptions o) { barrier_impl(true, o); }
+WorkPtr Communicator::send_async(const void* buf, size_t count, DType t, int peer, OpOptions o) {
+  return send_impl(false, buf, count, t, peer, o);
+}
+void Communicator::send(const void* buf, size_t count, DType t, int peer, OpOptions o) {
+  send_impl(true, buf, count, t, peer, o);
+}
+WorkPtr Communicator::recv_async(void* buf, size_t count, DType t, int peer, OpOptions o) {
+  return recv_impl(false, buf, count, t, peer, o);
+}
+void Communicator::recv(void* buf, size_t count, DType t, int peer, OpOptions o) {
+  recv_impl(true, buf, count, t, peer, o);
+}
+
+}  // namespace loom::comm

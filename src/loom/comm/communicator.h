@@ -1,0 +1,192 @@
+// A communicator: a group of ranks that run collectives together (NCCL's ncclComm, Gloo's
+// Context). One object per rank; every rank calls the same collectives in the same order.
+//
+//   auto comm = Communicator::create(store, rank, size);      // or init_from_env()
+//   comm->allreduce(grad.data(), grad.data(), n, DType::kF32, ReduceOp::kSum);
+//   WorkPtr w = comm->allgather_async(shard, full, shard_count, DType::kBF16);
+//   ... compute ...
+//   w->wait();
+//
+// Execution: operations run in call order. A synchronous call with nothing queued runs on
+// the caller's thread (no thread hand-off on the latency path); asynchronous calls are
+// queued and run by the communicator's worker thread, so several may be in flight while
+// the caller computes. Split communicators have their own pairs and worker, so their
+// operations progress concurrently with the parent's.
+//
+// Buffers: `in` and `out` may be the same pointer (in place) for allreduce, reduce,
+// broadcast and alltoall; allgather is in place when in == out + rank*count; reduce_scatter
+// when out == in + rank*count. Buffers of an async call must stay valid until it finishes.
+//
+// Failure: every call has a deadline (LOOM_TIMEOUT_S, default 300 s, or OpOptions). A dead
+// peer, a closed connection, a desync or a timeout fails the call with PeerError on every
+// rank (the first rank to notice posts the reason to the store; the others pick it up within
+// ~100 ms). After a failure the communicator is broken: later calls fail at once. Recover by
+// creating a new communicator (a new `name`).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/comm/exec.h"
+#include "loom/comm/store/store.h"
+#include "loom/comm/topology.h"
+#include "loom/comm/transport/pair.h"
+#include "loom/comm/tuning.h"
+#include "loom/comm/types.h"
+#include "loom/comm/work.h"
+#include "loom/core/dtype.h"
+
+namespace loom::comm {
+
+struct CommConfig {
+  std::string name = "world";  // distinguishes communicators (and generations) in the store
+  double timeout_s = 300;      // LOOM_TIMEOUT_S
+  std::string transport = "auto";  // LOOM_TRANSPORT: auto | tcp
+  std::string host_id;         // LOOM_HOST_ID, else the machine's hostname + boot id
+  std::string listen_host;     // LOOM_ADDR, else the address that reaches the store
+  std::string token;           // LOOM_JOB_TOKEN (empty: no authentication possible)
+  Algo algo = Algo::kAuto;     // LOOM_ALGO
+  CostModel model = CostModel::from_env();
+  static CommConfig from_env();
+};
+
+struct OpOptions {
+  Algo algo = Algo::kAuto;  // a per-call override; falls back to auto where not valid
+  double timeout_s = 0;     // 0: the communicator's default
+};
+
+class Communicator : public std::enable_shared_from_this<Communicator> {
+ public:
+  // Collective over all `size` ranks: rendezvous through `store`, then connect pairs.
+  static std::shared_ptr<Communicator> create(std::shared_ptr<Store> store, int rank, int size,
+                                              CommConfig cfg);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const Topology& topology() const { return topo_; }
+  const CommConfig& config() const { return cfg_; }
+  // Ranks with the same color form a new communicator, ordered by (key, rank).
+  // Collective over this communicator; color < 0 returns nullptr (not a member).
+  std::shared_ptr<Communicator> split(int color, int key);
+  // The algorithm `auto` picks for this op and size here (for reports and tests).
+  Algo chosen_algo(OpKind op, size_t bytes, Algo requested = Algo::kAuto) const;
+  // Keeps an object (e.g. the store server) alive as long as this communicator.
+  void hold(std::shared_ptr<void> keepalive) { keepalive_.push_back(std::move(keepalive)); }
+
+  // ---- asynchronous forms (return at once) ----
+  WorkPtr allreduce_async(const void* in, void* out, size_t count, DType t, ReduceOp op,
+                          OpOptions o = {});
+  WorkPtr allgather_async(const void* in, void* out, size_t count, DType t, OpOptions o = {});
+  WorkPtr allgatherv_async(const void* in, void* out, std::vector<size_t> counts, DType t,
+                           OpOptions o = {});
+  WorkPtr reduce_scatter_async(const void* in, void* out, size_t count, DType t, ReduceOp op,
+                               OpOptions o = {});
+  WorkPtr broadcast_async(void* buf, size_t count, DType t, int root, OpOptions o = {});
+  WorkPtr reduce_async(const void* in, void* out, size_t count, DType t, ReduceOp op, int root,
+                       OpOptions o = {});
+  WorkPtr gather_async(const void* in, void* out, size_t count, DType t, int root,
+                       OpOptions o = {});
+  WorkPtr scatter_async(const void* in, void* out, size_t count, DType t, int root,
+                        OpOptions o = {});
+  WorkPtr alltoall_async(const void* in, void* out, size_t count, DType t, OpOptions o = {});
+  WorkPtr barrier_async(OpOptions o = {});
+  WorkPtr send_async(const void* buf, size_t count, DType t, int peer, OpOptions o = {});
+  WorkPtr recv_async(void* buf, size_t count, DType t, int peer, OpOptions o = {});
+
+  // ---- blocking forms ----
+  void allreduce(const void* in, void* out, size_t count, DType t, ReduceOp op, OpOptions o = {});
+  void allgather(const void* in, void* out, size_t count, DType t, OpOptions o = {});
+  void allgatherv(const void* in, void* out, std::vector<size_t> counts, DType t,
+                  OpOptions o = {});
+  void reduce_scatter(const void* in, void* out, size_t count, DType t, ReduceOp op,
+                      OpOptions o = {});
+  void broadcast(void* buf, size_t count, DType t, int root, OpOptions o = {});
+  void reduce(const void* in, void* out, size_t count, DType t, ReduceOp op, int root,
+              OpOptions o = {});
+  void gather(const void* in, void* out, size_t count, DType t, int root, OpOptions o = {});
+  void scatter(const void* in, void* out, size_t count, DType t, int root, OpOptions o = {});
+  void alltoall(const void* in, void* out, size_t count, DType t, OpOptions o = {});
+  void barrier(OpOptions o = {});
+  void send(const void* buf, size_t count, DType t, int peer, OpOptions o = {});
+  void recv(void* buf, size_t count, DType t, int peer, OpOptions o = {});
+
+ private:
+  struct Op {
+    Fingerprint fp;
+    size_t bytes = 0;         // size the tuning table sees
+    double timeout_s = 0;
+    int p2p_peer = -1;        // send/recv: the peer; sequence numbers are per peer
+    bool p2p_send = false;
+    uint64_t seq = 0;
+    std::function<void(Exec&)> body;
+    WorkPtr work;
+  };
+
+  Communicator(std::shared_ptr<Store> root_store, std::shared_ptr<Store> store, int rank,
+               int size, CommConfig cfg);
+  void connect(Deadline deadline);
+
+  // One builder per collective; the public async and blocking forms both call it.
+  WorkPtr allreduce_impl(bool blocking, const void* in, void* out, size_t count, DType t,
+                         ReduceOp op, OpOptions o);
+  WorkPtr allgather_impl(bool blocking, const void* in, void* out, size_t count, DType t,
+                         OpOptions o);
+  WorkPtr allgatherv_impl(bool blocking, const void* in, void* out, std::vector<size_t> counts,
+                          DType t, OpOptions o);
+  WorkPtr reduce_scatter_impl(bool blocking, const void* in, void* out, size_t count, DType t,
+                              ReduceOp op, OpOptions o);
+  WorkPtr broadcast_impl(bool blocking, void* buf, size_t count, DType t, int root, OpOptions o);
+  WorkPtr reduce_impl(bool blocking, const void* in, void* out, size_t count, DType t,
+                      ReduceOp op, int root, OpOptions o);
+  WorkPtr gather_impl(bool blocking, const void* in, void* out, size_t count, DType t, int root,
+                      OpOptions o);
+  WorkPtr scatter_impl(bool blocking, const void* in, void* out, size_t count, DType t, int root,
+                       OpOptions o);
+  WorkPtr alltoall_impl(bool blocking, const void* in, void* out, size_t count, DType t,
+                        OpOptions o);
+  WorkPtr barrier_impl(bool blocking, OpOptions o);
+  WorkPtr send_impl(bool blocking, const void* buf, size_t count, DType t, int peer, OpOptions o);
+  WorkPtr recv_impl(bool blocking, void* buf, size_t count, DType t, int peer, OpOptions o);
+
+  // Builds the op's fingerprint (choosing the algorithm) and runs or queues it.
+  WorkPtr submit(Op op, bool blocking);
+  void run(Op& op);
+  void worker_loop();
+  void check_abort();
+  [[noreturn]] void fail(const Op& op, const std::exception& e);
+  void validate(int root, const char* what) const;
+  void validate_peer(int peer, const char* what) const;
+
+  std::shared_ptr<Store> root_store_;   // the job's namespace: holds the abort record
+  std::shared_ptr<Store> store_;        // this communicator's namespace
+  std::unique_ptr<Store> watch_store_;  // a second connection, for abort checks while blocked
+  int rank_, size_;
+  CommConfig cfg_;
+  Topology topo_;
+  WaitPolicy wait_policy_;
+  std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer rank; null for self
+  std::vector<std::byte> scratch_;
+  std::vector<uint64_t> p2p_send_seq_, p2p_recv_seq_;
+  int splits_ = 0;
+  std::vector<std::shared_ptr<void>> keepalive_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;
+  bool running_ = false;
+  bool stop_ = false;
+  uint64_t next_seq_ = 0;
+  std::exception_ptr broken_;
+  std::thread worker_;
+};
+
+}  // namespace loom::comm

@@ -1,0 +1,156 @@
+#include "loom/comm/exec.h"
+
+#include <poll.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "loom/core/check.h"
+#include "loom/core/error.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define LOOM_PAUSE() _mm_pause()
+#else
+#define LOOM_PAUSE() ((void)0)
+#endif
+
+namespace loom::comm {
+
+Exec::Exec(int rank, int size, std::vector<std::unique_ptr<Pair>>& pairs, const Topology& topo,
+           const Fingerprint& fp, uint64_t seq, Deadline deadline, WaitPolicy policy,
+           std::function<void()> check_abort, std::vector<std::byte>& scratch)
+    : rank_(rank),
+      size_(size),
+      pairs_(pairs),
+      topo_(topo),
+      fp_(fp),
+      seq_(seq),
+      esize_(dtype_size(fp.dtype)),
+      deadline_(deadline),
+      policy_(policy),
+      check_abort_(std::move(check_abort)),
+      scratch_(scratch) {}
+
+SendReq* Exec::send(int peer, const void* buf, size_t bytes) {
+  LOOM_CHECK(peer != rank_ && peer >= 0 && peer < size_);
+  SendReq& r = sends_.emplace_back();
+  r.buf = buf;
+  r.bytes = bytes;
+  r.header = FrameHeader::of(fp_, seq_, bytes);
+  pairs_[peer]->post(&r);
+  return &r;
+}
+
+RecvReq* Exec::recv(int peer, void* dst, size_t bytes, const RecvReq* after) {
+  return recv_reduce(peer, dst, nullptr, bytes, after);
+}
+
+RecvReq* Exec::recv_reduce(int peer, void* dst, const void* a, size_t bytes,
+                           const RecvReq* after) {
+  LOOM_CHECK(peer != rank_ && peer >= 0 && peer < size_);
+  RecvReq& r = recvs_.emplace_back();
+  r.dst = dst;
+  r.a = a;
+  r.bytes = bytes;
+  r.dtype = fp_.dtype;
+  r.redop = fp_.redop;
+  r.expect = fp_;
+  r.seq = seq_;
+  r.after = after;
+  pairs_[peer]->post(&r);
+  return &r;
+}
+
+void Exec::wait(const RecvReq* r) {
+  progress_until([r] { return r->done; });
+}
+
+void Exec::wait(const SendReq* s) {
+  progress_until([s] { return s->done; });
+}
+
+void Exec::wait_all() {
+  progress_until([this] {
+    for (auto& p : pairs_)
+      if (p && p->busy()) return false;
+    return true;
+  });
+  sends_.clear();
+  recvs_.clear();
+}
+
+std::byte* Exec::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+void Exec::timed_out() {
+  std::string waiting;
+  for (auto& p : pairs_)
+    if (p && p->busy()) waiting += (waiting.empty() ? "" : ", ") + std::to_string(p->peer());
+  throw PeerError(PeerError::Kind::kTimeout,
+                  "rank " + std::to_string(rank_) + " timed out in " + fp_.str() +
+                      " at sequence number " + std::to_string(seq_) +
+                      " waiting for rank(s) " + waiting +
+                      " (deadline from LOOM_TIMEOUT_S or the call's timeout)");
+}
+
+void Exec::progress_until(const std::function<bool()>& done) {
+  using namespace std::chrono;
+  int idle = 0;
+  bool blocked = false;
+  Clock::time_point block_start, last_check;
+  std::vector<pollfd> fds;
+  while (!done()) {
+    bool moved = false;
+    for (auto& p : pairs_)
+      if (p && p->busy()) moved |= p->progress();
+    if (moved) {
+      idle = 0;
+      blocked = false;
+      continue;
+    }
+    if (++idle < policy_.spin_iters) {
+      LOOM_PAUSE();
+      continue;
+    }
+    Clock::time_point now = Clock::now();
+    if (!blocked) {
+      blocked = true;
+      block_start = last_check = now;
+    }
+    double waited_us = duration<double, std::micro>(now - block_start).count();
+    if (waited_us < policy_.yield_us) {
+      sched_yield();
+    } else {
+      fds.clear();
+      bool any_spin_pair = false;
+      for (auto& p : pairs_) {
+        if (!p || !p->busy()) continue;
+        if (p->fd() >= 0)
+          fds.push_back({p->fd(), static_cast<short>(POLLIN | (p->sending() ? POLLOUT : 0)), 0});
+        else
+          any_spin_pair = true;
+      }
+      if (!fds.empty() && !any_spin_pair) {
+        ::poll(fds.data(), fds.size(), 5);
+      } else {
+        // Sleep longer the longer we have waited: 20 us .. 500 us.
+        auto nap = std::clamp(waited_us / 50, 20.0, 500.0);
+        std::this_thread::sleep_for(duration<double, std::micro>(nap));
+      }
+    }
+    if (now - last_check > milliseconds(100)) {
+      last_check = now;
+      for (auto& p : pairs_)
+        if (p && p->busy()) p->check_peer();
+      if (check_abort_) check_abort_();
+      if (deadline_.expired()) timed_out();
+    }
+  }
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,75 @@
+// What an algorithm sees while it runs one collective: its rank, the group, and the four
+// primitives send / recv / recv_reduce / wait over the communicator's pairs. Requests live
+// in deques (stable addresses) until the operation ends.
+//
+// Waiting (progress_until): poll every busy pair; when nothing moves, spin briefly (only
+// when this host is not oversubscribed), then yield, then sleep or poll() the TCP sockets.
+// Every ~100 ms while blocked it checks that peers are alive, asks the store whether
+// another rank has aborted the job, and enforces the deadline.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "loom/comm/topology.h"
+#include "loom/comm/transport/pair.h"
+#include "loom/core/deadline.h"
+
+namespace loom::comm {
+
+struct WaitPolicy {
+  int spin_iters = 2000;      // pause-loop iterations before yielding (0 when oversubscribed)
+  double yield_us = 1000;     // then sched_yield for this long, then sleep/poll
+};
+
+class Exec {
+ public:
+  Exec(int rank, int size, std::vector<std::unique_ptr<Pair>>& pairs, const Topology& topo,
+       const Fingerprint& fp, uint64_t seq, Deadline deadline, WaitPolicy policy,
+       std::function<void()> check_abort, std::vector<std::byte>& scratch);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const Topology& topo() const { return topo_; }
+  const Fingerprint& fp() const { return fp_; }
+  DType dtype() const { return fp_.dtype; }
+  ReduceOp redop() const { return fp_.redop; }
+  size_t esize() const { return esize_; }
+  // Point-to-point operations use their own per-peer sequence numbers.
+  void set_seq(uint64_t seq) { seq_ = seq; }
+
+  SendReq* send(int peer, const void* buf, size_t bytes);
+  RecvReq* recv(int peer, void* dst, size_t bytes, const RecvReq* after = nullptr);
+  // dst = a (op) incoming; a may alias dst.
+  RecvReq* recv_reduce(int peer, void* dst, const void* a, size_t bytes,
+                       const RecvReq* after = nullptr);
+
+  void wait(const RecvReq* r);
+  void wait(const SendReq* s);
+  void wait_all();
+
+  // A reusable scratch buffer of at least `bytes` (grows; kept by the communicator).
+  std::byte* scratch(size_t bytes);
+
+ private:
+  void progress_until(const std::function<bool()>& done);
+  [[noreturn]] void timed_out();
+
+  int rank_, size_;
+  std::vector<std::unique_ptr<Pair>>& pairs_;
+  const Topology& topo_;
+  Fingerprint fp_;
+  uint64_t seq_;
+  size_t esize_;
+  Deadline deadline_;
+  WaitPolicy policy_;
+  std::function<void()> check_abort_;
+  std::vector<std::byte>& scratch_;
+  std::deque<SendReq> sends_;
+  std::deque<RecvReq> recvs_;
+};
+
+}  // namespace loom::comm

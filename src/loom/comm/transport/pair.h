@@ -1,0 +1,123 @@
+// The transport interface algorithms are written against (DESIGN decision 2).
+//
+// A Pair is a connection to one peer. Algorithms post send and receive requests; the
+// engine calls progress() on busy pairs until the requests they wait for are done.
+// Messages between a pair are delivered in the order they were posted on each side.
+//
+// Every message starts with a FrameHeader carrying the operation's fingerprint and
+// sequence number. The receiver compares it with what it expects before touching the
+// payload, so ranks that call mismatched collectives fail with a desync error instead of
+// corrupting memory (DESIGN decision 3).
+//
+// A receive either copies the payload into `dst` or reduces it: dst = a (op) payload,
+// with `a` allowed to alias `dst`. Transports hand payload to deliver() in pieces whose
+// lengths are multiples of the element size.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+
+#include "loom/comm/types.h"
+#include "loom/core/dtype.h"
+
+namespace loom::comm {
+
+constexpr uint32_t kFrameMagic = 0x4d4f4f4c;  // "LOOM"
+
+// Identifies an operation; identical on every rank that takes part.
+struct Fingerprint {
+  OpKind op = OpKind::kBarrier;
+  DType dtype = DType::kU8;
+  ReduceOp redop = ReduceOp::kSum;
+  Algo algo = Algo::kAuto;
+  int32_t root = -1;
+  uint64_t count = 0;
+  bool operator==(const Fingerprint&) const = default;
+  std::string str() const;
+};
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint8_t op = 0;
+  uint8_t dtype = 0;
+  uint8_t redop = 0;
+  uint8_t algo = 0;
+  uint64_t seq = 0;
+  uint64_t count = 0;
+  int32_t root = -1;
+  uint32_t reserved = 0;
+  uint64_t bytes = 0;  // payload bytes that follow
+
+  static FrameHeader of(const Fingerprint& fp, uint64_t seq, uint64_t bytes);
+  Fingerprint fingerprint() const;
+};
+static_assert(sizeof(FrameHeader) == 40);
+
+struct SendReq {
+  const void* buf = nullptr;
+  size_t bytes = 0;
+  FrameHeader header;
+  // transport state
+  size_t progress = 0;  // bytes of header+payload already handed to the transport
+  bool done = false;
+};
+
+struct RecvReq {
+  void* dst = nullptr;
+  const void* a = nullptr;  // reduce operand; nullptr = plain copy
+  size_t bytes = 0;
+  DType dtype = DType::kU8;
+  ReduceOp redop = ReduceOp::kSum;
+  Fingerprint expect;
+  uint64_t seq = 0;
+  // Optional ordering: delivery starts only after `after` is done (keeps reduction order
+  // fixed when several peers feed one buffer).
+  const RecvReq* after = nullptr;
+  // transport state
+  bool header_seen = false;
+  size_t got = 0;
+  bool done = false;
+};
+
+class Pair {
+ public:
+  Pair(int self, int peer) : self_(self), peer_(peer) {}
+  virtual ~Pair() = default;
+  Pair(const Pair&) = delete;
+  Pair& operator=(const Pair&) = delete;
+
+  int peer() const { return peer_; }
+  void post(SendReq* r) { sends_.push_back(r); }
+  void post(RecvReq* r) { recvs_.push_back(r); }
+  bool busy() const { return !sends_.empty() || !recvs_.empty(); }
+  bool sending() const { return !sends_.empty(); }
+
+  // Moves what it can without blocking; returns whether anything moved.
+  // Throws PeerError on a closed connection, a dead peer or a mismatched header.
+  virtual bool progress() = 0;
+  // A descriptor to poll() for readiness, or -1 when this transport is polled by spinning.
+  virtual int fd() const { return -1; }
+  // Throws PeerError(kDead) when the peer process is gone. Cheap enough for every ~100 ms.
+  virtual void check_peer() {}
+  virtual const char* kind() const = 0;
+  // Drops queued requests (after an error, before their buffers go away).
+  void cancel_all() {
+    sends_.clear();
+    recvs_.clear();
+  }
+
+ protected:
+  // Copies or reduces `len` payload bytes at offset r.got, then advances r.got.
+  void deliver(RecvReq& r, const void* src, size_t len);
+  // Throws PeerError(kDesync) naming both fingerprints when `h` is not what `r` expects.
+  void check_header(const RecvReq& r, const FrameHeader& h) const;
+
+  int self_;
+  int peer_;
+  std::deque<SendReq*> sends_;
+  std::deque<RecvReq*> recvs_;
+};
+
+}  // namespace loom::comm

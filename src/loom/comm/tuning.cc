@@ -1,0 +1,157 @@
+#include "loom/comm/tuning.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "loom/core/tunable.h"
+
+namespace loom::comm {
+namespace {
+
+const DoubleTunable kShmAlpha("LOOM_SHM_ALPHA_US", 1.0, "cost-model latency of one shm step, us");
+const DoubleTunable kShmGbps("LOOM_SHM_GBPS", 10.0, "cost-model bandwidth of shm, GB/s");
+const DoubleTunable kTcpAlpha("LOOM_TCP_ALPHA_US", 30.0, "cost-model latency of one TCP step, us");
+const DoubleTunable kTcpGbps("LOOM_TCP_GBPS", 1.7, "cost-model bandwidth of TCP, GB/s");
+
+bool is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
+int ceil_log2(int n) {
+  int l = 0;
+  while ((1 << l) < n) ++l;
+  return l;
+}
+
+}  // namespace
+
+int Topology::max_local() const {
+  size_t m = 0;
+  for (const auto& h : hosts) m = std::max(m, h.size());
+  return static_cast<int>(m);
+}
+
+std::string Topology::describe() const {
+  std::ostringstream os;
+  os << size << " ranks on " << nhosts() << " host(s)";
+  if (force_tcp) os << ", TCP forced";
+  if (oversubscribed) os << ", oversubscribed";
+  return os.str();
+}
+
+CostModel CostModel::from_env() {
+  return {{kShmAlpha.get(), kShmGbps.get()}, {kTcpAlpha.get(), kTcpGbps.get()}};
+}
+
+std::vector<Algo> valid_algos(OpKind op, const Topology& topo) {
+  int n = topo.size;
+  bool hier = topo.hierarchical();
+  switch (op) {
+    case OpKind::kAllreduce: {
+      std::vector<Algo> v{Algo::kRing, Algo::kRd, Algo::kDirect, Algo::kTree};
+      if (hier) v.push_back(Algo::kHier);
+      return v;
+    }
+    case OpKind::kAllgather: {
+      std::vector<Algo> v{Algo::kRing, Algo::kDirect};
+      if (is_pow2(n)) v.push_back(Algo::kRd);
+      if (hier) v.push_back(Algo::kHier);
+      return v;
+    }
+    case OpKind::kReduceScatter: {
+      std::vector<Algo> v{Algo::kRing, Algo::kDirect};
+      if (is_pow2(n)) v.push_back(Algo::kRd);
+      return v;
+    }
+    case OpKind::kBroadcast: return {Algo::kTree, Algo::kDirect, Algo::kRing};
+    case OpKind::kReduce: return {Algo::kTree, Algo::kDirect};
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kAlltoall:
+    case OpKind::kSendRecv:
+    case OpKind::kSplit: return {Algo::kDirect};
+    case OpKind::kBarrier: return {Algo::kRd};
+    case OpKind::kCount: break;
+  }
+  return {};
+}
+
+double predict_us(OpKind op, Algo algo, size_t bytes, const Topology& topo, const CostModel& m) {
+  const int n = topo.size;
+  if (n <= 1) return 0;
+  // The slowest link a flat algorithm crosses.
+  LinkCost l = topo.all_shm() ? m.shm : m.tcp;
+  double alpha = l.alpha_us;
+  if (topo.all_shm() && topo.oversubscribed) alpha *= 4;  // a yield per step, not a spin
+  const double B = static_cast<double>(bytes);
+  const double us_per_byte = 1e-3 / l.gbps;
+  const int L = ceil_log2(n);
+  const int rd_steps = L + (is_pow2(n) ? 0 : 2);
+  switch (op) {
+    case OpKind::kAllreduce:
+      switch (algo) {
+        case Algo::kRing: return 2.0 * (n - 1) * (alpha + B / n * us_per_byte);
+        case Algo::kRd: return rd_steps * (alpha + B * us_per_byte);
+        case Algo::kDirect: return alpha + (n - 1) * B * us_per_byte + 0.25 * alpha * (n - 2);
+        case Algo::kTree: return 2.0 * L * (alpha + B * us_per_byte);
+        case Algo::kHier: {
+          int h = topo.nhosts(), k = topo.max_local();
+          double local = 2.0 * (m.shm.alpha_us + (k - 1) * B * 1e-3 / m.shm.gbps);
+          double inter = 2.0 * (h - 1) * (m.tcp.alpha_us + B / h * 1e-3 / m.tcp.gbps);
+          return std::max(local, inter) + m.tcp.alpha_us * 2;  // pipelined: the slower level
+        }
+        default: break;
+      }
+      break;
+    case OpKind::kAllgather:
+    case OpKind::kReduceScatter:
+      switch (algo) {
+        case Algo::kRing: return (n - 1) * (alpha + B / n * us_per_byte);
+        case Algo::kRd: return L * alpha + (n - 1) * B / n * us_per_byte;
+        case Algo::kDirect:
+          return alpha + 0.25 * alpha * (n - 2) + (n - 1) * B / n * us_per_byte *
+                                                      (topo.all_shm() ? 1.0 : 1.1);
+        case Algo::kHier: {
+          int h = topo.nhosts();
+          return 2 * m.shm.alpha_us + B * 1e-3 / m.shm.gbps + m.tcp.alpha_us +
+                 (h - 1) * B / h * 1e-3 / m.tcp.gbps;
+        }
+        default: break;
+      }
+      break;
+    case OpKind::kBroadcast:
+    case OpKind::kReduce: {
+      const double chunk = 256.0 * 1024;
+      switch (algo) {
+        case Algo::kTree:
+          return L * alpha + B * us_per_byte + (L - 1) * std::min(B, chunk) * us_per_byte;
+        case Algo::kDirect: return alpha + (n - 1) * B * us_per_byte;
+        case Algo::kRing:
+          return (n - 1) * alpha + B * us_per_byte + (n - 2) * std::min(B, chunk) * us_per_byte;
+        default: break;
+      }
+      break;
+    }
+    default: return alpha + B * us_per_byte;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+Algo choose_algo(OpKind op, size_t bytes, const Topology& topo, const CostModel& m,
+                 Algo requested) {
+  std::vector<Algo> valid = valid_algos(op, topo);
+  if (requested != Algo::kAuto &&
+      std::find(valid.begin(), valid.end(), requested) != valid.end())
+    return requested;
+  Algo best = valid.front();
+  double best_t = std::numeric_limits<double>::infinity();
+  for (Algo a : valid) {
+    double t = predict_us(op, a, bytes, topo, m);
+    if (t < best_t) {
+      best_t = t;
+      best = a;
+    }
+  }
+  return best;
+}
+
+}  // namespace loom::comm

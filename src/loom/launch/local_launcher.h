@@ -1,0 +1,52 @@
+// Spawns the ranks of a job on this machine and watches them (the single-node part of
+// `loom run`; also used by `loom bench --np N` and the multi-process tests).
+//
+// The launcher hosts the rendezvous store itself (LOOM_STORE_EXTERNAL=1), generates the
+// job token, and gives each rank LOOM_RANK / LOOM_WORLD_SIZE / LOOM_LOCAL_RANK /
+// LOOM_LOCAL_WORLD_SIZE / LOOM_STORE / LOOM_JOB_TOKEN. When any rank exits non-zero or by
+// a signal, the others get SIGTERM, then SIGKILL after a grace period: a job never hangs
+// on a dead rank.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace loom::launch {
+
+struct RankExit {
+  int rank = -1;
+  int pid = 0;
+  int exit_code = 0;  // valid when signal == 0
+  int signal = 0;
+  bool killed_by_launcher = false;
+  std::string describe() const;
+};
+
+struct LaunchOptions {
+  int nprocs = 1;
+  std::vector<std::string> argv;            // program and arguments, same for every rank
+  std::map<std::string, std::string> env;   // extra variables for every rank
+  std::string store_host = "127.0.0.1";
+  double grace_seconds = 5;                 // between SIGTERM and SIGKILL on teardown
+  double timeout_seconds = 0;               // 0: none; else the whole job is killed after it
+  bool fail_fast = true;     // tear the job down when a rank fails (tests of the ranks' own
+                             // failure detection turn this off)
+  std::string log_dir;       // if set, rank r's stdout+stderr go to <log_dir>/rank<r>.log
+};
+
+struct LaunchResult {
+  std::vector<RankExit> ranks;
+  int first_failure = -1;  // rank that failed first, or -1
+  bool timed_out = false;
+  bool ok() const { return first_failure < 0 && !timed_out; }
+};
+
+// Runs the job to completion. Throws UserError if the program cannot be started.
+LaunchResult run_local(const LaunchOptions& opts);
+
+// Path of the running executable (/proc/self/exe), for re-executing ourselves.
+std::string self_exe();
+
+}  // namespace loom::launch
