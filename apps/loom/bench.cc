@@ -1,0 +1,407 @@
+// `loom bench`: collective performance and correctness, in the manner of nccl-tests.
+//
+// For each size from --min to --max (x --factor) it runs --warmup untimed and --iters timed
+// operations out of place and in place, then one checked operation on closed-form inputs,
+// and prints size, count, dtype, algorithm, median time, algbw = size / time, busbw =
+// algbw x the op's bus factor (allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall
+// (n-1)/n; broadcast, reduce 1) and #wrong. It exits non-zero on any wrong element.
+//
+// --np N spawns N local ranks (this binary again) and hosts the store; without it, the
+// process joins a job started by `loom run`, mpirun or srun.
+#include "bench.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/comm/bootstrap.h"
+#include "loom/comm/communicator.h"
+#include "loom/core/error.h"
+#include "loom/core/tunable.h"
+#include "loom/launch/local_launcher.h"
+#include "probe.h"
+
+namespace loom::apps {
+namespace {
+
+using comm::Algo;
+using comm::Communicator;
+using comm::OpKind;
+using comm::ReduceOp;
+
+struct BenchArgs {
+  std::string op = "allreduce";
+  int np = 0;
+  std::string algo = "auto";
+  std::string dtype = "f32";
+  std::string min = "8";
+  std::string max = "64M";
+  int factor = 2;
+  int iters = 20;
+  int warmup = 5;
+  bool check = true;
+  bool no_check = false;
+  std::string json;  // "" none, "-" stdout, else a path
+  bool tunables = false;
+  double job_timeout = 0;
+  std::vector<std::string> forwarded;  // argv after "bench", for re-executing ranks
+};
+
+double value(int rank, size_t i) { return (rank + 1) * static_cast<double>(i % 5 + 1); }
+
+void put(DType t, void* p, size_t i, double v) {
+  switch (t) {
+    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DType::kF64: static_cast<double*>(p)[i] = v; break;
+    case DType::kBF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v)); break;
+    case DType::kF16: static_cast<uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(v)); break;
+    case DType::kI32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DType::kI64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case DType::kU8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    default: break;
+  }
+}
+
+double get(DType t, const void* p, size_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kF64: return static_cast<const double*>(p)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kI32: return static_cast<const int32_t*>(p)[i];
+    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::kU8: return static_cast<const uint8_t*>(p)[i];
+    default: return NAN;
+  }
+}
+
+// One benchmarked operation: buffer shapes, how to run it, what its result must be.
+struct Case {
+  OpKind op;
+  int n, rank;
+  DType t;
+  size_t es;
+  size_t count;  // the count argument of the call
+  Algo algo;
+  size_t in_elems, out_elems;
+  double bus_factor;
+  size_t size_bytes;  // what the row reports as size
+
+  static std::optional<Case> make(OpKind op, size_t bytes, int n, int rank, DType t) {
+    Case c{op, n, rank, t, dtype_size(t), 0, Algo::kAuto, 0, 0, 1.0, 0};
+    size_t elems = bytes / c.es;
+    switch (op) {
+      case OpKind::kAllreduce:
+        c.count = elems, c.in_elems = c.out_elems = elems, c.bus_factor = 2.0 * (n - 1) / n;
+        c.size_bytes = elems * c.es;
+        break;
+      case OpKind::kBroadcast:
+      case OpKind::kReduce:
+        c.count = elems, c.in_elems = c.out_elems = elems, c.bus_factor = 1;
+        c.size_bytes = elems * c.es;
+        break;
+      case OpKind::kAllgather:
+        c.count = elems / n, c.in_elems = c.count, c.out_elems = c.count * n;
+        c.bus_factor = double(n - 1) / n, c.size_bytes = c.count * n * c.es;
+        break;
+      case OpKind::kReduceScatter:
+        c.count = elems / n, c.in_elems = c.count * n, c.out_elems = c.count;
+        c.bus_factor = double(n - 1) / n, c.size_bytes = c.count * n * c.es;
+        break;
+      case OpKind::kAlltoall:
+        c.count = elems / n, c.in_elems = c.out_elems = c.count * n;
+        c.bus_factor = double(n - 1) / n, c.size_bytes = c.count * n * c.es;
+        break;
+      default: return std::nullopt;
+    }
+    if (c.count == 0) return std::nullopt;
+    return c;
+  }
+
+  // Pointers for one call, in place or not.
+  void run(Communicator& comm, std::byte* in, std::byte* out, bool in_place, Algo requested) {
+    comm::OpOptions o{requested};
+    switch (op) {
+      case OpKind::kAllreduce:
+        comm.allreduce(in, in_place ? in : out, count, t, ReduceOp::kSum, o);
+        break;
+      case OpKind::kBroadcast: comm.broadcast(in, count, t, 0, o); break;
+      case OpKind::kReduce: comm.reduce(in, in_place ? in : out, count, t, ReduceOp::kSum, 0, o); break;
+      case OpKind::kAllgather:
+        comm.allgather(in_place ? out + rank * count * es : in, out, count, t, o);
+        break;
+      case OpKind::kReduceScatter:
+        comm.reduce_scatter(in, in_place ? in + rank * count * es : out, count, t, ReduceOp::kSum, o);
+        break;
+      case OpKind::kAlltoall: comm.alltoall(in, in_place ? in : out, count, t, o); break;
+      default: break;
+    }
+  }
+
+  // Fills inputs with closed-form values, runs once, returns the number of wrong elements.
+  int64_t check(Communicator& comm, std::vector<std::byte>& in, std::vector<std::byte>& out,
+                bool in_place, Algo requested) {
+    std::fill(out.begin(), out.end(), std::byte{0xEE});
+    std::byte* src = in.data();
+    if (op == OpKind::kAllgather && in_place) src = out.data() + rank * count * es;
+    size_t fill_elems = op == OpKind::kAllgather ? count : in_elems;
+    for (size_t i = 0; i < fill_elems; ++i) put(t, src, i, value(rank, i));
+    if (op == OpKind::kBroadcast && rank != 0)
+      std::fill(in.begin(), in.end(), std::byte{0xEE});
+    run(comm, in.data(), out.data(), in_place, requested);
+    int64_t wrong = 0;
+    auto sum_of = [&](size_t i) {
+      double s = 0;
+      for (int q = 0; q < n; ++q) s += value(q, i);
+      return s;
+    };
+    auto expect = [&](const std::byte* p, size_t i, double want) {
+      std::vector<std::byte> tmp(8);
+      put(t, tmp.data(), 0, want);
+      if (get(t, p, i) != get(t, tmp.data(), 0)) ++wrong;
+    };
+    switch (op) {
+      case OpKind::kAllreduce: {
+        const std::byte* res = in_place ? in.data() : out.data();
+        for (size_t i = 0; i < count; ++i) expect(res, i, sum_of(i));
+        break;
+      }
+      case OpKind::kBroadcast:
+        for (size_t i = 0; i < count; ++i) expect(in.data(), i, value(0, i));
+        break;
+      case OpKind::kReduce:
+        if (rank == 0) {
+          const std::byte* res = in_place ? in.data() : out.data();
+          for (size_t i = 0; i < count; ++i) expect(res, i, sum_of(i));
+        }
+        break;
+      case OpKind::kAllgather:
+        for (int q = 0; q < n; ++q)
+          for (size_t i = 0; i < count; ++i) expect(out.data(), q * count + i, value(q, i));
+        break;
+      case OpKind::kReduceScatter: {
+        const std::byte* res = in_place ? in.data() + rank * count * es : out.data();
+        for (size_t i = 0; i < count; ++i) expect(res, i, sum_of(rank * count + i));
+        break;
+      }
+      case OpKind::kAlltoall: {
+        const std::byte* res = in_place ? in.data() : out.data();
+        for (int q = 0; q < n; ++q)
+          for (size_t i = 0; i < count; ++i) expect(res, q * count + i, value(q, rank * count + i));
+        break;
+      }
+      default: break;
+    }
+    return wrong;
+  }
+};
+
+struct Row {
+  double time_us = 0, algbw = 0, busbw = 0;
+  int64_t wrong = 0;
+};
+
+int run_rank(const BenchArgs& a) {
+  auto comm = comm::init_from_env();
+  const int n = comm->size(), rank = comm->rank();
+  auto t = parse_dtype(a.dtype);
+  auto requested = comm::parse_algo(a.algo);
+  std::vector<OpKind> ops;
+  if (a.op == "all")
+    ops = {OpKind::kAllreduce, OpKind::kAllgather, OpKind::kReduceScatter, OpKind::kBroadcast,
+           OpKind::kReduce, OpKind::kAlltoall};
+  else
+    ops = {*comm::parse_op(a.op)};
+  const size_t lo = parse_bytes(a.min, "--min"), hi = parse_bytes(a.max, "--max");
+  const bool do_check = a.check && !a.no_check;
+
+  FILE* json = nullptr;
+  if (rank == 0 && !a.json.empty())
+    json = a.json == "-" ? stdout : std::fopen(a.json.c_str(), "w");
+  if (rank == 0 && !a.json.empty() && !json)
+    throw UserError("cannot write --json file '" + a.json + "'", "check the directory exists");
+  bool table = rank == 0 && a.json != "-";
+  if (table && std::getenv("LOOM_BENCH_LAUNCHED") == nullptr)
+    std::printf("# memcpy bandwidth (1 thread, 256 MiB): %.1f GB/s\n", memcpy_gbps(256 << 20));
+  if (table)
+    std::printf("# %d ranks, %s; dtype %s; iters %d, warmup %d; times are medians over iters\n", n,
+                comm->topology().describe().c_str(), a.dtype.c_str(), a.iters, a.warmup);
+
+  int64_t total_wrong = 0;
+  double busbw_sum = 0;
+  int busbw_rows = 0;
+  for (OpKind op : ops) {
+    if (table) {
+      std::printf("#\n# %s\n", comm::op_name(op));
+      std::printf("# %12s %12s %5s %7s | %10s %9s %9s %7s | %10s %9s %9s %7s\n", "size(B)",
+                  "count", "type", "algo", "oop(us)", "algbw", "busbw", "#wrong", "ip(us)",
+                  "algbw", "busbw", "#wrong");
+    }
+    for (size_t bytes = lo; bytes <= hi; bytes *= static_cast<size_t>(a.factor)) {
+      auto c = Case::make(op, bytes, n, rank, *t);
+      if (!c) {
+        if (a.factor <= 1) break;
+        continue;
+      }
+      c->algo = comm->chosen_algo(op, c->size_bytes, *requested);
+      std::vector<std::byte> in(c->in_elems * c->es + 64), out(c->out_elems * c->es + 64);
+      for (size_t i = 0; i < c->in_elems; ++i) put(*t, in.data(), i, value(rank, i));
+      Row rows[2];
+      for (int ip = 0; ip < 2; ++ip) {
+        bool in_place = ip == 1;
+        for (int w = 0; w < a.warmup; ++w) c->run(*comm, in.data(), out.data(), in_place, *requested);
+        comm->barrier();
+        std::vector<double> times(a.iters);
+        for (int it = 0; it < a.iters; ++it) {
+          auto t0 = std::chrono::steady_clock::now();
+          c->run(*comm, in.data(), out.data(), in_place, *requested);
+          times[it] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        }
+        // The slowest rank's time for each iteration, then the median iteration.
+        comm->allreduce(times.data(), times.data(), times.size(), DType::kF64, ReduceOp::kMax);
+        std::sort(times.begin(), times.end());
+        Row& row = rows[ip];
+        row.time_us = times[times.size() / 2];
+        row.algbw = c->size_bytes / row.time_us / 1e3;
+        row.busbw = row.algbw * c->bus_factor;
+        if (do_check) {
+          int64_t w = c->check(*comm, in, out, in_place, *requested);
+          comm->allreduce(&w, &row.wrong, 1, DType::kI64, ReduceOp::kSum);
+        }
+        total_wrong += row.wrong;
+        if (json) {
+          nlohmann::json j = {{"op", comm::op_name(op)}, {"bytes", c->size_bytes},
+                              {"count", c->count}, {"dtype", dtype_name(*t)},
+                              {"algo", comm::algo_name(c->algo)}, {"inplace", in_place},
+                              {"nranks", n}, {"time_us", row.time_us}, {"algbw", row.algbw},
+                              {"busbw", row.busbw}, {"wrong", do_check ? row.wrong : -1}};
+          std::fprintf(json, "%s\n", j.dump().c_str());
+        }
+        busbw_sum += row.busbw;
+        ++busbw_rows;
+      }
+      if (table) {
+        auto wrong_text = [&](int64_t w) { return do_check ? std::to_string(w) : std::string("N/A"); };
+        std::printf("  %12zu %12zu %5s %7s | %10.2f %9.2f %9.2f %7s | %10.2f %9.2f %9.2f %7s\n",
+                    c->size_bytes, c->count, dtype_name(*t), comm::algo_name(c->algo),
+                    rows[0].time_us, rows[0].algbw, rows[0].busbw, wrong_text(rows[0].wrong).c_str(),
+                    rows[1].time_us, rows[1].algbw, rows[1].busbw, wrong_text(rows[1].wrong).c_str());
+        std::fflush(stdout);
+      }
+      if (a.factor <= 1) break;
+    }
+  }
+  if (table) {
+    std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(total_wrong),
+                total_wrong ? "FAILED" : "OK");
+    std::printf("# Avg bus bandwidth    : %.3f GB/s\n", busbw_rows ? busbw_sum / busbw_rows : 0.0);
+  }
+  if (json && json != stdout) std::fclose(json);
+  comm->barrier();
+  return total_wrong ? 1 : 0;
+}
+
+int run_launcher(const BenchArgs& a) {
+  const char* state_note =
+      "  (usual ~50 ns; ~210 ns is the host's slow state where shm results drop 4-10x)";
+  if (a.json != "-") {
+    std::printf("# memcpy bandwidth (1 thread, 256 MiB): %.1f GB/s\n", memcpy_gbps(256 << 20));
+    std::printf("# core-to-core flag latency before: %.0f ns%s\n", flag_latency_ns(), state_note);
+    std::fflush(stdout);
+  }
+  launch::LaunchOptions lo;
+  lo.nprocs = a.np;
+  lo.argv = {launch::self_exe(), "bench"};
+  lo.argv.insert(lo.argv.end(), a.forwarded.begin(), a.forwarded.end());
+  lo.env["LOOM_BENCH_LAUNCHED"] = "1";
+  lo.timeout_seconds = a.job_timeout;
+  launch::LaunchResult res = launch::run_local(lo);
+  if (a.json != "-")
+    std::printf("# core-to-core flag latency after: %.0f ns\n", flag_latency_ns());
+  if (res.timed_out) {
+    std::fprintf(stderr, "loom bench: the job did not finish within %.0f s and was stopped\n",
+                 a.job_timeout);
+    return 1;
+  }
+  if (!res.ok()) {
+    const auto& e = res.ranks[res.first_failure];
+    std::fprintf(stderr, "loom bench: %s\n", e.describe().c_str());
+    return e.exit_code ? e.exit_code : 1;
+  }
+  return 0;
+}
+
+void validate(const BenchArgs& a) {
+  if (a.op != "all" && !comm::parse_op(a.op))
+    throw UserError("--op '" + a.op + "' is not a collective",
+                    "use allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall or all");
+  if (!parse_dtype(a.dtype))
+    throw UserError("--dtype '" + a.dtype + "' is not a type", "use f32, bf16, f16, f64, i32, i64 or u8");
+  if (!comm::parse_algo(a.algo))
+    throw UserError("--algo '" + a.algo + "' is not an algorithm",
+                    "use auto, ring, direct, tree, rd or hier");
+  size_t lo = parse_bytes(a.min, "--min"), hi = parse_bytes(a.max, "--max");
+  if (lo == 0 || lo > hi)
+    throw UserError("--min " + a.min + " and --max " + a.max + " do not make a range",
+                    "use 0 < min <= max, e.g. --min 4K --max 256M");
+  if (a.factor < 1) throw UserError("--factor must be >= 1", "e.g. --factor 2");
+  if (a.iters < 1 || a.warmup < 0)
+    throw UserError("--iters must be >= 1 and --warmup >= 0", "e.g. --iters 20 --warmup 5");
+  if (a.np < 0 || a.np > 256) throw UserError("--np must be between 1 and 256", "e.g. --np 4");
+}
+
+}  // namespace
+
+std::function<int()> add_bench_command(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* b = app.add_subcommand("bench", "measure collectives (nccl-tests style) and check results");
+  b->add_option("--op", args->op, "allreduce|allgather|reduce_scatter|broadcast|reduce|alltoall|all");
+  b->add_option("--np", args->np, "spawn N local ranks (otherwise join the launcher's job)");
+  b->add_option("--algo", args->algo, "auto|ring|direct|tree|rd|hier");
+  b->add_option("--dtype", args->dtype, "f32|bf16|f16|f64|i32|i64|u8");
+  b->add_option("--min,-b", args->min, "smallest size, bytes (e.g. 4K)");
+  b->add_option("--max,-e", args->max, "largest size, bytes (e.g. 256M)");
+  b->add_option("--factor,-f", args->factor, "size multiplier between rows");
+  b->add_option("--iters,-n", args->iters, "timed iterations per size");
+  b->add_option("--warmup,-w", args->warmup, "untimed iterations per size");
+  b->add_flag("--check", args->check, "check every result (the default)");
+  b->add_flag("--no-check", args->no_check, "skip the result check");
+  b->add_option("--json", args->json, "write one JSON object per row to PATH ('-' = stdout)")
+      ->expected(0, 1)
+      ->default_str("-");
+  b->add_flag("--tunables", args->tunables, "list every LOOM_* tunable and exit");
+  b->add_option("--job-timeout", args->job_timeout, "with --np: stop the job after this many seconds");
+  return [args, b]() -> int {
+    if (args->tunables) {
+      for (const auto& t : all_tunables())
+        std::printf("%-24s default %-12s %s\n", t.env, t.default_text.c_str(), t.help);
+      return 0;
+    }
+    if (b->count("--json") && args->json.empty()) args->json = "-";
+    validate(*args);
+    if (args->np > 0 && std::getenv("LOOM_RANK") == nullptr) {
+      // Forward everything but --np to the ranks.
+      auto raw = b->remaining_for_passthrough();
+      (void)raw;
+      std::vector<std::string> fwd = {"--op", args->op, "--algo", args->algo, "--dtype", args->dtype,
+                                      "--min", args->min, "--max", args->max,
+                                      "--factor", std::to_string(args->factor),
+                                      "--iters", std::to_string(args->iters),
+                                      "--warmup", std::to_string(args->warmup)};
+      if (args->no_check) fwd.push_back("--no-check");
+      if (!args->json.empty()) fwd.insert(fwd.end(), {"--json", args->json});
+      args->forwarded = fwd;
+      return run_launcher(*args);
+    }
+    return run_rank(*args);
+  };
+}
+
+}  // namespace loom::apps

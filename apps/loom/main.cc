@@ -1,0 +1,31 @@
+// The loom command line. Subcommands register themselves here; user errors print one line
+// and a hint and exit 2, peer failures exit 3, anything else is a bug and exits 1.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "bench.h"
+#include "loom/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"loom: distributed training for GPT-style models"};
+  app.require_subcommand(1);
+  auto bench = loom::apps::add_bench_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (app.got_subcommand("bench")) return bench();
+  } catch (const loom::UserError& e) {
+    std::fprintf(stderr, "loom: error: %s\nhint: %s\n", e.what(), e.hint().c_str());
+    return 2;
+  } catch (const loom::PeerError& e) {
+    std::fprintf(stderr, "loom: communication failed: %s\n", e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
