@@ -400,14 +400,21 @@ void Communicator::fail(const Op& op, const std::exception& e) {
   const auto* pe = dynamic_cast<const PeerError*>(&e);
   PeerError::Kind kind = pe ? pe->kind() : PeerError::Kind::kProtocol;
   int peer = pe ? pe->peer() : -1;
-  std::string msg = "rank " + std::to_string(rank_) + ": " + op.fp.str() + " at sequence number " +
-                    std::to_string(op.seq) + " on communicator '" + cfg_.name +
-                    "' failed: " + e.what();
+  std::string where = "rank " + std::to_string(rank_) + ": " + op.fp.str() +
+                      " at sequence number " + std::to_string(op.seq) + " on communicator '" +
+                      cfg_.name + "' failed: ";
+  std::string msg = where + e.what();
   if (kind != PeerError::Kind::kAborted) {
-    try {  // tell every other rank; the first report wins
-      watch_store_->compare_set("abort", "", msg);
+    // Another rank may have failed first and exited: its departure is what we saw. Report
+    // the first failure of the job (the root cause) rather than our secondary symptom.
+    try {
+      std::string first = watch_store_->compare_set("abort", "", msg);
+      if (first != msg) {
+        kind = PeerError::Kind::kAborted;
+        msg = where + "the job was aborted: " + first + " (seen here as: " + e.what() + ")";
+      }
     } catch (const std::exception& se) {
-      LOOM_LOG(kWarn, "comm") << "could not post the abort record: " << se.what();
+      LOOM_LOG(kWarn, "comm") << "could not reach the store to post the abort record: " << se.what();
     }
   }
   PeerError err(kind, msg, peer);

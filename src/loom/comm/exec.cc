@@ -145,9 +145,9 @@ void Exec::progress_until(const std::function<bool()>& done) {
     }
     if (now - last_check > milliseconds(100)) {
       last_check = now;
+      if (check_abort_) check_abort_();  // a recorded root cause first, then our own view
       for (auto& p : pairs_)
         if (p && p->busy()) p->check_peer();
-      if (check_abort_) check_abort_();
       if (deadline_.expired()) timed_out();
     }
   }

@@ -10,8 +10,8 @@
 namespace loom::comm {
 namespace {
 
-const DoubleTunable kShmAlpha("LOOM_SHM_ALPHA_US", 1.0, "cost-model latency of one shm step, us");
-const DoubleTunable kShmGbps("LOOM_SHM_GBPS", 10.0, "cost-model bandwidth of shm, GB/s");
+const DoubleTunable kShmAlpha("LOOM_SHM_ALPHA_US", 0.4, "cost-model latency of one shm step, us");
+const DoubleTunable kShmGbps("LOOM_SHM_GBPS", 12.0, "cost-model bandwidth of shm, GB/s");
 const DoubleTunable kTcpAlpha("LOOM_TCP_ALPHA_US", 30.0, "cost-model latency of one TCP step, us");
 const DoubleTunable kTcpGbps("LOOM_TCP_GBPS", 1.7, "cost-model bandwidth of TCP, GB/s");
 
@@ -81,18 +81,26 @@ double predict_us(OpKind op, Algo algo, size_t bytes, const Topology& topo, cons
   // The slowest link a flat algorithm crosses.
   LinkCost l = topo.all_shm() ? m.shm : m.tcp;
   double alpha = l.alpha_us;
-  if (topo.all_shm() && topo.oversubscribed) alpha *= 4;  // a yield per step, not a spin
+  double gbps = l.gbps;
+  if (topo.all_shm() && topo.oversubscribed) {
+    alpha *= 6;  // each step costs a yield to the rank that holds the core
+    gbps /= 2;   // and the cores are shared
+  }
   const double B = static_cast<double>(bytes);
-  const double us_per_byte = 1e-3 / l.gbps;
+  const double us_per_byte = 1e-3 / gbps;
+  // rd and direct make an extra local pass over what they receive (a staging copy, or a
+  // reduction reading a peer's whole buffer); ring reduces N/n-sized blocks while in cache.
+  const double pass = 1.5;
   const int L = ceil_log2(n);
   const int rd_steps = L + (is_pow2(n) ? 0 : 2);
   switch (op) {
     case OpKind::kAllreduce:
       switch (algo) {
         case Algo::kRing: return 2.0 * (n - 1) * (alpha + B / n * us_per_byte);
-        case Algo::kRd: return rd_steps * (alpha + B * us_per_byte);
-        case Algo::kDirect: return alpha + (n - 1) * B * us_per_byte + 0.25 * alpha * (n - 2);
-        case Algo::kTree: return 2.0 * L * (alpha + B * us_per_byte);
+        case Algo::kRd: return rd_steps * (alpha + pass * B * us_per_byte);
+        case Algo::kDirect:
+          return alpha + 0.25 * alpha * (n - 2) + pass * (n - 1) * B * us_per_byte;
+        case Algo::kTree: return 2.0 * L * alpha + 2.5 * B * us_per_byte;
         case Algo::kHier: {
           int h = topo.nhosts(), k = topo.max_local();
           double local = 2.0 * (m.shm.alpha_us + (k - 1) * B * 1e-3 / m.shm.gbps);

@@ -76,6 +76,7 @@ void TcpStoreServer::serve(Conn& conn) {
   int fd = conn.fd.get();
   if (!net::server_handshake(fd, token_, "store", Deadline::after_seconds(kHandshakeSeconds))) {
     ++refused_;
+    ::shutdown(fd, SHUT_RDWR);  // the peer sees the refusal at once
     conn.done = true;
     return;
   }
@@ -112,6 +113,7 @@ void TcpStoreServer::serve(Conn& conn) {
   } catch (const std::exception& e) {
     LOOM_LOG(kInfo, "store") << "connection from " << who << " ended: " << e.what();
   }
+  ::shutdown(fd, SHUT_RDWR);
   conn.done = true;
 }
 

