@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs everything loom needs to build, test and benchmark on Debian 12 (run as root or
+# with sudo). Idempotent: packages already present are skipped by apt.
+set -euo pipefail
+pkgs=(
+  build-essential cmake ninja-build pkg-config git
+  libssl-dev libcli11-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev
+  clang libclang-rt-14-dev          # libFuzzer target and sanitizer runtimes
+  openmpi-bin libopenmpi-dev libgloo-dev iperf3   # peers for bench/ (side-by-side numbers)
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

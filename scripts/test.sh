@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite: installs dependencies, builds, runs unit + multi-process tests,
+# then the AddressSanitizer/UBSan and ThreadSanitizer builds and a short libFuzzer run.
+#   LOOM_TEST_QUICK=1 skips the sanitizer builds and the fuzzer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+start=$(date +%s)
+step() { printf '\n=== %s (%ds)\n' "$1" $(( $(date +%s) - start )); }
+
+step "release build"
+bash scripts/build.sh build
+step "unit and multi-process tests"
+ctest --test-dir build --output-on-failure -j 1
+
+if [ "${LOOM_TEST_QUICK:-0}" != 1 ]; then
+  step "address + undefined-behaviour sanitizer build"
+  bash scripts/build.sh build-asan -DLOOM_SANITIZE=address
+  step "tests under ASan/UBSan"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j 1 -E 'bench_'
+
+  step "thread sanitizer build"
+  bash scripts/build.sh build-tsan -DLOOM_SANITIZE=thread
+  step "thread-rank tests under TSan"
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    ctest --test-dir build-tsan --output-on-failure -j 1 -R 'store_test|core_test|comm_features_test'
+
+  step "libFuzzer: store wire decoder"
+  CC=clang CXX=clang++ bash scripts/build.sh build-fuzz -DLOOM_FUZZ=ON -DLOOM_BUILD_TESTS=OFF
+  mkdir -p build-fuzz/corpus
+  ./build-fuzz/tests/fuzz/store_wire_fuzz -max_total_time=30 -max_len=4096 build-fuzz/corpus
+fi
+step "all tests passed"
