@@ -50,37 +50,15 @@ struct BenchArgs {
   bool no_check = false;
   std::string json;  // "" none, "-" stdout, else a path
   bool tunables = false;
+  bool probe = false;
   double job_timeout = 0;
   std::vector<std::string> forwarded;  // argv after "bench", for re-executing ranks
 };
 
 double value(int rank, size_t i) { return (rank + 1) * static_cast<double>(i % 5 + 1); }
 
-void put(DType t, void* p, size_t i, double v) {
-  switch (t) {
-    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::kF64: static_cast<double*>(p)[i] = v; break;
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v)); break;
-    case DType::kF16: static_cast<uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(v)); break;
-    case DType::kI32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DType::kI64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    case DType::kU8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    default: break;
-  }
-}
-
-double get(DType t, const void* p, size_t i) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kF64: return static_cast<const double*>(p)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kI32: return static_cast<const int32_t*>(p)[i];
-    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::kU8: return static_cast<const uint8_t*>(p)[i];
-    default: return NAN;
-  }
-}
+void put(DType t, void* p, size_t i, double v) { store_element(t, p, i, v); }
+double get(DType t, const void* p, size_t i) { return load_element(t, p, i); }
 
 // One benchmarked operation: buffer shapes, how to run it, what its result must be.
 struct Case {
@@ -377,11 +355,18 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->expected(0, 1)
       ->default_str("-");
   b->add_flag("--tunables", args->tunables, "list every LOOM_* tunable and exit");
+  b->add_flag("--probe", args->probe,
+              "print the machine probes (memcpy GB/s, core-to-core flag latency) as JSON and exit");
   b->add_option("--job-timeout", args->job_timeout, "with --np: stop the job after this many seconds");
   return [args, b]() -> int {
     if (args->tunables) {
       for (const auto& t : all_tunables())
         std::printf("%-24s default %-12s %s\n", t.env, t.default_text.c_str(), t.help);
+      return 0;
+    }
+    if (args->probe) {
+      std::printf("{\"memcpy_gbps\":%.2f,\"flag_latency_ns\":%.1f}\n", memcpy_gbps(256 << 20),
+                  flag_latency_ns());
       return 0;
     }
     if (b->count("--json") && args->json.empty()) args->json = "-";

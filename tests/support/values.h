@@ -13,31 +13,8 @@
 
 namespace loom::test {
 
-inline double load(DType t, const void* p, size_t i) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kF64: return static_cast<const double*>(p)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kI32: return static_cast<const int32_t*>(p)[i];
-    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::kU8: return static_cast<const uint8_t*>(p)[i];
-    default: return NAN;
-  }
-}
-
-inline void store(DType t, void* p, size_t i, double v) {
-  switch (t) {
-    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::kF64: static_cast<double*>(p)[i] = v; break;
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v)); break;
-    case DType::kF16: static_cast<uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(v)); break;
-    case DType::kI32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DType::kI64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    case DType::kU8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    default: break;
-  }
-}
+inline double load(DType t, const void* p, size_t i) { return load_element(t, p, i); }
+inline void store(DType t, void* p, size_t i, double v) { store_element(t, p, i, v); }
 
 // Rank r's input element i for reduction op `op`.
 inline double input_value(comm::ReduceOp op, int r, size_t i) {

@@ -45,30 +45,8 @@ TEST(Reduce, EveryDtypeAndOpAgainstScalars) {
     DType t = static_cast<DType>(ti);
     size_t es = dtype_size(t), n = 37;
     std::vector<uint8_t> a(n * es), b(n * es), d(n * es);
-    auto put = [&](std::vector<uint8_t>& v, size_t i, double x) {
-      switch (t) {
-        case DType::kF32: reinterpret_cast<float*>(v.data())[i] = float(x); break;
-        case DType::kF64: reinterpret_cast<double*>(v.data())[i] = x; break;
-        case DType::kBF16: reinterpret_cast<uint16_t*>(v.data())[i] = f32_to_bf16(float(x)); break;
-        case DType::kF16: reinterpret_cast<uint16_t*>(v.data())[i] = f32_to_f16(float(x)); break;
-        case DType::kI32: reinterpret_cast<int32_t*>(v.data())[i] = int32_t(x); break;
-        case DType::kI64: reinterpret_cast<int64_t*>(v.data())[i] = int64_t(x); break;
-        case DType::kU8: v[i] = uint8_t(x); break;
-        default: break;
-      }
-    };
-    auto get = [&](std::vector<uint8_t>& v, size_t i) -> double {
-      switch (t) {
-        case DType::kF32: return reinterpret_cast<float*>(v.data())[i];
-        case DType::kF64: return reinterpret_cast<double*>(v.data())[i];
-        case DType::kBF16: return bf16_to_f32(reinterpret_cast<uint16_t*>(v.data())[i]);
-        case DType::kF16: return f16_to_f32(reinterpret_cast<uint16_t*>(v.data())[i]);
-        case DType::kI32: return reinterpret_cast<int32_t*>(v.data())[i];
-        case DType::kI64: return double(reinterpret_cast<int64_t*>(v.data())[i]);
-        case DType::kU8: return v[i];
-        default: return 0;
-      }
-    };
+    auto put = [&](std::vector<uint8_t>& v, size_t i, double x) { store_element(t, v.data(), i, x); };
+    auto get = [&](std::vector<uint8_t>& v, size_t i) { return load_element(t, v.data(), i); };
     for (size_t i = 0; i < n; ++i) put(a, i, double(i % 11)), put(b, i, double((i * 7) % 5));
     for (auto op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax}) {
       comm::reduce_into(d.data(), a.data(), b.data(), n, t, op);

@@ -54,8 +54,14 @@ inline void reduce_any(T* d, const T* a, const T* b, size_t n, ReduceOp op) {
   }
 }
 
-// Runtime dispatch: one clone per ISA level, chosen at load time.
+// Runtime dispatch: one clone per ISA level, chosen at load time. ThreadSanitizer cannot
+// run the ifunc resolvers (they execute before its runtime starts), so TSan builds use the
+// baseline version.
+#if defined(__SANITIZE_THREAD__)
+#define LOOM_CLONES
+#else
 #define LOOM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 
 LOOM_CLONES void reduce_f32(float* d, const float* a, const float* b, size_t n, ReduceOp op) {
   if (d == a && (op == ReduceOp::kSum || op == ReduceOp::kAvg)) {

@@ -17,6 +17,11 @@ const char* dtype_name(DType t);
 std::optional<DType> parse_dtype(std::string_view s);
 bool dtype_is_float(DType t);
 
+// Element i of a buffer of type t, as a double (for checks, tests and reports; not hot).
+double load_element(DType t, const void* buf, size_t i);
+// Stores v (rounded to t) as element i.
+void store_element(DType t, void* buf, size_t i, double v);
+
 // Round-to-nearest-even f32 -> bf16; NaN stays NaN (quiet).
 inline uint16_t f32_to_bf16(float f) {
   uint32_t u;
