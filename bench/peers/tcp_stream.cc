@@ -23,6 +23,7 @@ static double stream(int fd, bool send_side, double seconds) {
     if (k <= 0) break;
     total += static_cast<size_t>(k);
   }
+  if (send_side) shutdown(fd, SHUT_WR);  // the reader sees EOF and stops
   return total / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
 }
 

@@ -39,18 +39,6 @@ int env_int(const char* name, int fallback) {
   return static_cast<int>(x);
 }
 
-// "node[01-04,07],other" -> "node01"; "a,b" -> "a".
-std::string first_slurm_host(const std::string& list) {
-  auto bracket = list.find('[');
-  auto comma = list.find(',');
-  if (bracket == std::string::npos || (comma != std::string::npos && comma < bracket))
-    return list.substr(0, comma);
-  std::string prefix = list.substr(0, bracket);
-  std::string inside = list.substr(bracket + 1);
-  size_t stop = inside.find_first_of("-,]");
-  return prefix + inside.substr(0, stop);
-}
-
 uint16_t port_for_job(const std::string& job_id) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : job_id) h = (h ^ c) * 1099511628211ull;
@@ -59,12 +47,18 @@ uint16_t port_for_job(const std::string& job_id) {
 
 // A single-machine job without a token: rank 0 generates one and hands it over through a
 // private file named after the job.
-std::string local_token(const LaunchInfo& info, const std::string& store_url, Deadline deadline) {
-  std::string dir = "/tmp/loom-" + std::to_string(::getuid());
+std::string token_dir() { return "/tmp/loom-" + std::to_string(::getuid()); }
+
+std::string token_path(const LaunchInfo& info, const std::string& store_url) {
   std::string id = info.job_id.empty() ? store_url : info.job_id;
   for (auto& c : id)
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  std::string path = dir + "/token-" + id;
+  return token_dir() + "/token-" + id;
+}
+
+std::string local_token(const LaunchInfo& info, const std::string& store_url, Deadline deadline) {
+  std::string dir = token_dir();
+  std::string path = token_path(info, store_url);
   if (info.rank == 0) {
     ::mkdir(dir.c_str(), 0700);
     std::string token = generate_token();
@@ -91,6 +85,17 @@ std::string local_token(const LaunchInfo& info, const std::string& store_url, De
 }
 
 }  // namespace
+
+std::string first_slurm_host(const std::string& list) {
+  auto bracket = list.find('[');
+  auto comma = list.find(',');
+  if (bracket == std::string::npos || (comma != std::string::npos && comma < bracket))
+    return list.substr(0, comma);
+  std::string prefix = list.substr(0, bracket);
+  std::string inside = list.substr(bracket + 1);
+  size_t stop = inside.find_first_of("-,]");
+  return prefix + inside.substr(0, stop);
+}
 
 LaunchInfo launch_info_from_env() {
   LaunchInfo i;
@@ -146,17 +151,25 @@ std::shared_ptr<Communicator> init_from_env(CommConfig cfg) {
   std::string url = store_url_from_env(info);
   net::HostPort addr = net::parse_host_port(url, "LOOM_STORE");
   Deadline deadline = Deadline::after_seconds(cfg.timeout_s);
+  std::string token_file;
   if (cfg.token.empty()) {
     if (info.local_size != info.size)
       throw UserError("LOOM_JOB_TOKEN is not set for a job that spans several machines",
                       "export the same random secret as LOOM_JOB_TOKEN on every rank");
-    cfg.token = info.size == 1 ? generate_token() : local_token(info, url, deadline);
+    if (info.size == 1) {
+      cfg.token = generate_token();
+    } else {
+      cfg.token = local_token(info, url, deadline);
+      token_file = token_path(info, url);
+    }
   }
   std::shared_ptr<TcpStoreServer> server;
   if (info.rank == 0 && kStoreExternal.get() == 0)
     server = std::make_shared<TcpStoreServer>(addr.host, addr.port, cfg.token);
   auto store = std::make_shared<TcpStore>(addr, cfg.token, deadline);
   auto comm = Communicator::create(store, info.rank, info.size, std::move(cfg));
+  // Every rank has joined (create ends with a barrier), so the token file has done its job.
+  if (info.rank == 0 && !token_file.empty()) std::filesystem::remove(token_file);
   if (server) comm->hold(server);
   return comm;
 }

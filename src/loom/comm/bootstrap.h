@@ -33,6 +33,9 @@ struct LaunchInfo {
 
 LaunchInfo launch_info_from_env();
 
+// "node[01-04,07],other" -> "node01" (the store host of a Slurm job).
+std::string first_slurm_host(const std::string& nodelist);
+
 // The store address this job uses (see above).
 std::string store_url_from_env(const LaunchInfo& info);
 
