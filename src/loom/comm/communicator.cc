@@ -48,6 +48,8 @@ struct PairHello {
   uint32_t magic;
   int32_t rank;
   uint64_t comm_hash;
+  int32_t stream;    // which of the pair's TCP streams this connection is
+  int32_t nstreams;  // both sides must agree
 };
 
 uint64_t fnv1a(const std::string& s) {
@@ -204,12 +206,14 @@ void Communicator::connect(Deadline deadline) {
     pairs_[q] = std::make_unique<ShmPair>(rank_, q, std::move(seg), 0);
   }
 
-  // 2. Accept TCP connections from higher ranks on a helper thread.
+  // 2. Accept TCP connections (nstreams per peer) from higher ranks on a helper thread.
+  const int nstreams = TcpPair::default_streams();
   std::vector<bool> expect(size_, false);
   int expected = 0;
   for (int q = rank_ + 1; q < size_; ++q)
-    if (!topo_.shm_with[q]) expect[q] = true, ++expected;
-  std::vector<net::Fd> accepted(size_);
+    if (!topo_.shm_with[q]) expect[q] = true, expected += nstreams;
+  std::vector<std::vector<net::Fd>> accepted(size_);
+  for (auto& v : accepted) v.resize(nstreams);
   std::exception_ptr accept_error;
   std::thread acceptor([&] {
     try {
@@ -229,12 +233,15 @@ void Communicator::connect(Deadline deadline) {
           continue;
         }
         if (hello.magic != kPairHelloMagic || hello.comm_hash != comm_hash || hello.rank < 0 ||
-            hello.rank >= size_ || !expect[hello.rank] || accepted[hello.rank].valid()) {
+            hello.rank >= size_ || !expect[hello.rank] || hello.nstreams != nstreams ||
+            hello.stream < 0 || hello.stream >= nstreams ||
+            accepted[hello.rank][hello.stream].valid()) {
           LOOM_LOG(kWarn, "comm") << "refused a peer connection claiming rank " << hello.rank
-                                  << " (not expected on this communicator)";
+                                  << " stream " << hello.stream << "/" << hello.nstreams
+                                  << " (not expected on this communicator; LOOM_TCP_STREAMS differs?)";
           continue;
         }
-        accepted[hello.rank] = std::move(fd);
+        accepted[hello.rank][hello.stream] = std::move(fd);
         ++got;
       }
     } catch (...) {
@@ -248,11 +255,15 @@ void Communicator::connect(Deadline deadline) {
     for (int q = 0; q < rank_; ++q) {
       if (topo_.shm_with[q]) continue;
       std::string who = "rank " + std::to_string(q);
-      net::Fd fd = net::connect_to({peers[q].addr, peers[q].port}, deadline, who);
-      net::client_handshake(fd.get(), cfg_.token, "pair", hs_deadline);
-      PairHello hello{kPairHelloMagic, rank_, comm_hash};
-      net::send_all(fd.get(), &hello, sizeof hello, hs_deadline, who);
-      pairs_[q] = std::make_unique<TcpPair>(rank_, q, std::move(fd));
+      std::vector<net::Fd> fds;
+      for (int st = 0; st < nstreams; ++st) {
+        net::Fd fd = net::connect_to({peers[q].addr, peers[q].port}, deadline, who);
+        net::client_handshake(fd.get(), cfg_.token, "pair", hs_deadline);
+        PairHello hello{kPairHelloMagic, rank_, comm_hash, st, nstreams};
+        net::send_all(fd.get(), &hello, sizeof hello, hs_deadline, who);
+        fds.push_back(std::move(fd));
+      }
+      pairs_[q] = std::make_unique<TcpPair>(rank_, q, std::move(fds));
     }
     for (int q = 0; q < rank_; ++q) {
       if (!topo_.shm_with[q]) continue;
@@ -270,7 +281,7 @@ void Communicator::connect(Deadline deadline) {
   if (connect_error) std::rethrow_exception(connect_error);
   if (accept_error) std::rethrow_exception(accept_error);
   for (int q = 0; q < size_; ++q)
-    if (accepted[q].valid()) pairs_[q] = std::make_unique<TcpPair>(rank_, q, std::move(accepted[q]));
+    if (expect[q]) pairs_[q] = std::make_unique<TcpPair>(rank_, q, std::move(accepted[q]));
 
   LOOM_LOG(kInfo, "comm") << "communicator '" << cfg_.name << "' rank " << rank_ << "/" << size_
                           << ": " << topo_.describe();

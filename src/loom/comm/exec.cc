@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "loom/core/check.h"
@@ -64,6 +65,24 @@ RecvReq* Exec::recv_reduce(int peer, void* dst, const void* a, size_t bytes,
   return &r;
 }
 
+void Exec::copy_in_background(void* dst, const void* src, size_t bytes) {
+  if (dst != src && bytes)
+    copies_.push_back({static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes});
+}
+
+bool Exec::copy_some() {
+  if (copies_.empty()) return false;
+  constexpr size_t kPiece = 256 << 10;
+  Copy& c = copies_.front();
+  size_t n = std::min(kPiece, c.left);
+  std::memcpy(c.dst, c.src, n);
+  c.dst += n;
+  c.src += n;
+  c.left -= n;
+  if (c.left == 0) copies_.pop_front();
+  return true;
+}
+
 void Exec::wait(const RecvReq* r) {
   progress_until([r] { return r->done; });
 }
@@ -78,6 +97,8 @@ void Exec::wait_all() {
       if (p && p->busy()) return false;
     return true;
   });
+  while (copy_some()) {
+  }
   sends_.clear();
   recvs_.clear();
 }
@@ -108,7 +129,7 @@ void Exec::progress_until(const std::function<bool()>& done) {
     bool moved = false;
     for (auto& p : pairs_)
       if (p && p->busy()) moved |= p->progress();
-    if (moved) {
+    if (moved || copy_some()) {
       idle = 0;
       blocked = false;
       continue;
@@ -130,8 +151,8 @@ void Exec::progress_until(const std::function<bool()>& done) {
       bool any_spin_pair = false;
       for (auto& p : pairs_) {
         if (!p || !p->busy()) continue;
-        if (p->fd() >= 0)
-          fds.push_back({p->fd(), static_cast<short>(POLLIN | (p->sending() ? POLLOUT : 0)), 0});
+        if (p->polled())
+          p->poll_fds(fds);
         else
           any_spin_pair = true;
       }

@@ -47,6 +47,10 @@ class Exec {
   RecvReq* recv_reduce(int peer, void* dst, const void* a, size_t bytes,
                        const RecvReq* after = nullptr);
 
+  // A local copy done in 256 KiB pieces whenever the wait loop finds nothing to move, so it
+  // overlaps the transfers instead of delaying them; wait_all() finishes it.
+  void copy_in_background(void* dst, const void* src, size_t bytes);
+
   void wait(const RecvReq* r);
   void wait(const SendReq* s);
   void wait_all();
@@ -56,6 +60,7 @@ class Exec {
 
  private:
   void progress_until(const std::function<bool()>& done);
+  bool copy_some();  // one piece of a background copy; false when none is pending
   [[noreturn]] void timed_out();
 
   int rank_, size_;
@@ -70,6 +75,12 @@ class Exec {
   std::vector<std::byte>& scratch_;
   std::deque<SendReq> sends_;
   std::deque<RecvReq> recvs_;
+  struct Copy {
+    std::byte* dst;
+    const std::byte* src;
+    size_t left;
+  };
+  std::deque<Copy> copies_;
 };
 
 }  // namespace loom::comm

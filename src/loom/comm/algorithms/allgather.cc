@@ -23,15 +23,17 @@ void place_own(Exec& x, const void* in, void* out, const Blocks& b) {
 
 void allgather_ring(Exec& x, const void* in, void* out, const Blocks& b) {
   const int n = x.size(), r = x.rank();
-  place_own(x, in, out, b);
+  // Our own block leaves straight from `in`; its copy into `out` overlaps the ring.
+  x.copy_in_background(at(out, b.off[r]), in, b.len[r]);
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
   for (int s = 0; s < n - 1; ++s) {
     int sb = mod(r - s, n), rb = mod(r - s - 1, n);
-    SendReq* snd = x.send(next, at(out, b.off[sb]), b.len[sb]);
+    SendReq* snd = x.send(next, s == 0 ? in : at(out, b.off[sb]), b.len[sb]);
     RecvReq* rcv = x.recv(prev, at(out, b.off[rb]), b.len[rb]);
     x.wait(rcv);
     x.wait(snd);
   }
+  x.wait_all();
 }
 
 void allgather_direct(Exec& x, const void* in, void* out, const Blocks& b) {
@@ -44,7 +46,7 @@ void allgather_direct(Exec& x, const void* in, void* out, const Blocks& b) {
     int q = mod(r - i, n);
     x.recv(q, at(out, b.off[q]), b.len[q]);
   }
-  place_own(x, in, out, b);
+  x.copy_in_background(at(out, b.off[r]), in, b.len[r]);
   x.wait_all();
 }
 

@@ -41,13 +41,13 @@ Fingerprint FrameHeader::fingerprint() const {
   return fp;
 }
 
-void Pair::deliver(RecvReq& r, const void* src, size_t len) {
-  auto* dst = static_cast<std::byte*>(r.dst) + r.got;
+void Pair::deliver_at(RecvReq& r, size_t off, const void* src, size_t len) {
+  auto* dst = static_cast<std::byte*>(r.dst) + off;
   if (r.a == nullptr) {
     std::memcpy(dst, src, len);
   } else {
     size_t es = dtype_size(r.dtype);
-    const auto* a = static_cast<const std::byte*>(r.a) + r.got;
+    const auto* a = static_cast<const std::byte*>(r.a) + off;
     reduce_into(dst, a, src, len / es, r.dtype, r.redop);
   }
   r.got += len;

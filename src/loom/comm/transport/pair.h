@@ -16,8 +16,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <poll.h>
+
 #include <deque>
 #include <string>
+#include <vector>
 
 #include "loom/comm/types.h"
 #include "loom/core/dtype.h"
@@ -97,8 +100,9 @@ class Pair {
   // Moves what it can without blocking; returns whether anything moved.
   // Throws PeerError on a closed connection, a dead peer or a mismatched header.
   virtual bool progress() = 0;
-  // A descriptor to poll() for readiness, or -1 when this transport is polled by spinning.
-  virtual int fd() const { return -1; }
+  // Descriptors to poll() for readiness (none for transports polled by spinning).
+  virtual void poll_fds(std::vector<pollfd>& out) const { (void)out; }
+  virtual bool polled() const { return false; }
   // Throws PeerError(kDead) when the peer process is gone. Cheap enough for every ~100 ms.
   virtual void check_peer() {}
   virtual const char* kind() const = 0;
@@ -109,8 +113,10 @@ class Pair {
   }
 
  protected:
-  // Copies or reduces `len` payload bytes at offset r.got, then advances r.got.
-  void deliver(RecvReq& r, const void* src, size_t len);
+  // Copies or reduces `len` payload bytes at payload offset `off`; r.got counts them.
+  void deliver_at(RecvReq& r, size_t off, const void* src, size_t len);
+  // The same for in-order transports: at offset r.got.
+  void deliver(RecvReq& r, const void* src, size_t len) { deliver_at(r, r.got, src, len); }
   // Throws PeerError(kDesync) naming both fingerprints when `h` is not what `r` expects.
   void check_header(const RecvReq& r, const FrameHeader& h) const;
 

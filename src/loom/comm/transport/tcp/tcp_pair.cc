@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -12,20 +13,48 @@
 namespace loom::comm {
 namespace {
 const IntTunable kTcpStaging("LOOM_TCP_STAGING", 256 << 10,
-                             "bytes of the per-pair staging buffer for reducing receives over TCP");
+                             "bytes of the per-stream staging buffer for reducing receives over TCP");
 const IntTunable kTcpSockBuf("LOOM_TCP_SOCKBUF", 4 << 20,
                              "SO_SNDBUF/SO_RCVBUF for transport sockets, bytes (0 = kernel default)");
+const IntTunable kTcpStreams("LOOM_TCP_STREAMS", 2, "TCP connections per pair of ranks (1..8)");
+const IntTunable kTcpStripe("LOOM_TCP_STRIPE", 512 << 10,
+                            "bytes of payload per stripe when a pair has several TCP streams");
+
+constexpr size_t kHdr = sizeof(FrameHeader);
+
+bool would_block() { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR; }
 }  // namespace
 
-TcpPair::TcpPair(int self, int peer, net::Fd fd) : Pair(self, peer), fd_(std::move(fd)) {
-  net::set_nonblocking(fd_.get(), true);
-  net::set_nodelay(fd_.get());
-  if (int b = static_cast<int>(kTcpSockBuf.get()); b > 0) net::set_buffer_sizes(fd_.get(), b);
-  staging_.resize(static_cast<size_t>(kTcpStaging.get()));
+int TcpPair::default_streams() {
+  auto k = kTcpStreams.get();
+  if (k < 1 || k > 8)
+    throw UserError("LOOM_TCP_STREAMS=" + std::to_string(k) + " is out of range",
+                    "use 1 to 8 connections per pair");
+  return static_cast<int>(k);
+}
+
+TcpPair::TcpPair(int self, int peer, std::vector<net::Fd> fds) : Pair(self, peer) {
+  stripe_ = std::max<size_t>(4096, static_cast<size_t>(kTcpStripe.get()) & ~size_t{63});
+  size_t staging = std::max<size_t>(4096, static_cast<size_t>(kTcpStaging.get()) & ~size_t{63});
+  int sockbuf = static_cast<int>(kTcpSockBuf.get());
+  for (auto& fd : fds) {
+    net::set_nonblocking(fd.get(), true);
+    net::set_nodelay(fd.get());
+    if (sockbuf > 0) net::set_buffer_sizes(fd.get(), sockbuf);
+    Stream& st = streams_.emplace_back();
+    st.fd = std::move(fd);
+    st.staging.resize(staging);
+  }
 }
 
 TcpPair::~TcpPair() {
-  if (fd_.valid()) ::shutdown(fd_.get(), SHUT_WR);
+  for (auto& st : streams_)
+    if (st.fd.valid()) ::shutdown(st.fd.get(), SHUT_WR);
+}
+
+void TcpPair::poll_fds(std::vector<pollfd>& out) const {
+  short events = static_cast<short>(POLLIN | (sending() ? POLLOUT : 0));
+  for (const auto& st : streams_) out.push_back({st.fd.get(), events, 0});
 }
 
 void TcpPair::fail(const std::string& what, int err) {
@@ -37,6 +66,24 @@ void TcpPair::fail(const std::string& what, int err) {
                   peer_);
 }
 
+size_t TcpPair::share(size_t bytes, int s) const {
+  const size_t k = streams_.size();
+  size_t full = bytes / stripe_, tail = bytes % stripe_;
+  size_t n = full / k + (static_cast<size_t>(s) < full % k ? 1 : 0);
+  size_t out = n * stripe_;
+  if (tail && full % k == static_cast<size_t>(s)) out += tail;
+  return out;
+}
+
+size_t TcpPair::payload_offset(size_t o, int s, size_t bytes, size_t* run) const {
+  const size_t k = streams_.size();
+  size_t q = o / stripe_, within = o % stripe_;
+  size_t start = (q * k + static_cast<size_t>(s)) * stripe_;
+  size_t seg_len = std::min(stripe_, bytes - start);
+  *run = seg_len - within;
+  return start + within;
+}
+
 bool TcpPair::progress() {
   bool moved = false;
   if (!sends_.empty()) moved |= progress_send();
@@ -46,48 +93,55 @@ bool TcpPair::progress() {
 
 bool TcpPair::progress_send() {
   bool moved = false;
-  constexpr size_t kHdr = sizeof(FrameHeader);
   while (!sends_.empty()) {
     SendReq& r = *sends_.front();
-    iovec iov[2];
-    int n = 0;
-    if (r.progress < kHdr) {
-      iov[n++] = {reinterpret_cast<char*>(&r.header) + r.progress, kHdr - r.progress};
-      if (r.bytes) iov[n++] = {const_cast<void*>(r.buf), r.bytes};
-    } else {
-      size_t off = r.progress - kHdr;
-      iov[n++] = {static_cast<char*>(const_cast<void*>(r.buf)) + off, r.bytes - off};
+    bool all_done = true;
+    for (int s = 0; s < static_cast<int>(streams_.size()); ++s) {
+      Stream& st = streams_[s];
+      const size_t head = s == 0 ? kHdr : 0;
+      const size_t total = head + share(r.bytes, s);
+      while (st.tx < total) {
+        iovec iov[2];
+        int n = 0;
+        if (st.tx < head) iov[n++] = {reinterpret_cast<char*>(&r.header) + st.tx, head - st.tx};
+        size_t o = st.tx < head ? 0 : st.tx - head;
+        if (o < total - head) {
+          size_t run;
+          size_t at = payload_offset(o, s, r.bytes, &run);
+          iov[n++] = {static_cast<char*>(const_cast<void*>(r.buf)) + at, run};
+        }
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = static_cast<size_t>(n);
+        ssize_t w = ::sendmsg(st.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w < 0) {
+          if (would_block()) break;
+          fail("failed while sending", errno);
+        }
+        moved = true;
+        st.tx += static_cast<size_t>(w);
+      }
+      if (st.tx < total) all_done = false;
     }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(n);
-    ssize_t w = ::sendmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-      fail("failed while sending", errno);
-    }
-    moved = true;
-    r.progress += static_cast<size_t>(w);
-    if (r.progress == kHdr + r.bytes) {
-      r.done = true;
-      sends_.pop_front();
-    }
+    if (!all_done) break;
+    for (auto& st : streams_) st.tx = 0;
+    r.done = true;
+    sends_.pop_front();
   }
   return moved;
 }
 
 bool TcpPair::progress_recv() {
   bool moved = false;
-  constexpr size_t kHdr = sizeof(FrameHeader);
   while (!recvs_.empty()) {
     RecvReq& r = *recvs_.front();
     if (r.after && !r.after->done) break;
     if (!r.header_seen) {
-      ssize_t n = ::recv(fd_.get(), reinterpret_cast<char*>(&rx_header_) + rx_header_got_,
+      ssize_t n = ::recv(streams_[0].fd.get(), reinterpret_cast<char*>(&rx_header_) + rx_header_got_,
                          kHdr - rx_header_got_, MSG_DONTWAIT);
       if (n == 0) fail("was closed", 0);
       if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+        if (would_block()) break;
         fail("failed while receiving", errno);
       }
       moved = true;
@@ -97,37 +151,46 @@ bool TcpPair::progress_recv() {
       check_header(r, rx_header_);
       r.header_seen = true;
     }
-    if (r.got < r.bytes) {
-      ssize_t n;
-      if (r.a == nullptr) {
-        n = ::recv(fd_.get(), static_cast<char*>(r.dst) + r.got, r.bytes - r.got, MSG_DONTWAIT);
-      } else {
-        size_t want = std::min(staging_.size() - staged_, r.bytes - r.got - staged_);
-        n = ::recv(fd_.get(), staging_.data() + staged_, want, MSG_DONTWAIT);
-      }
-      if (n == 0) fail("was closed", 0);
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-        fail("failed while receiving", errno);
-      }
-      moved = true;
-      if (r.a == nullptr) {
-        r.got += static_cast<size_t>(n);
-      } else {
-        staged_ += static_cast<size_t>(n);
-        size_t es = dtype_size(r.dtype);
-        size_t whole = staged_ / es * es;
+    const size_t es = dtype_size(r.dtype);
+    for (int s = 0; s < static_cast<int>(streams_.size()); ++s) {
+      Stream& st = streams_[s];
+      const size_t total = share(r.bytes, s);
+      while (st.rx < total) {
+        size_t run;
+        size_t at = payload_offset(st.rx, s, r.bytes, &run);
+        ssize_t n;
+        if (r.a == nullptr) {
+          n = ::recv(st.fd.get(), static_cast<char*>(r.dst) + at, run, MSG_DONTWAIT);
+        } else {
+          // Stage at most the rest of this stripe, so staged bytes never span two stripes.
+          size_t want = std::min(st.staging.size() - st.staged, run - st.staged);
+          n = ::recv(st.fd.get(), st.staging.data() + st.staged, want, MSG_DONTWAIT);
+        }
+        if (n == 0) fail("was closed", 0);
+        if (n < 0) {
+          if (would_block()) break;
+          fail("failed while receiving", errno);
+        }
+        moved = true;
+        if (r.a == nullptr) {
+          st.rx += static_cast<size_t>(n);
+          r.got += static_cast<size_t>(n);
+          continue;
+        }
+        st.staged += static_cast<size_t>(n);
+        size_t whole = st.staged / es * es;
         if (whole) {
-          deliver(r, staging_.data(), whole);
-          std::memmove(staging_.data(), staging_.data() + whole, staged_ - whole);
-          staged_ -= whole;
+          deliver_at(r, at, st.staging.data(), whole);
+          std::memmove(st.staging.data(), st.staging.data() + whole, st.staged - whole);
+          st.staged -= whole;
+          st.rx += whole;
         }
       }
     }
-    if (r.got == r.bytes) {
-      r.done = true;
-      recvs_.pop_front();
-    }
+    if (r.got < r.bytes) break;
+    for (auto& st : streams_) st.rx = 0;
+    r.done = true;
+    recvs_.pop_front();
   }
   return moved;
 }

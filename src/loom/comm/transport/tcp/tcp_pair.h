@@ -1,7 +1,13 @@
-// A pair over one TCP connection (non-blocking socket, TCP_NODELAY).
-// Sends go out as header + payload in one sendmsg; receives of plain copies land
-// straight in the destination, reducing receives go through a small staging buffer
-// whose whole elements are reduced as they arrive.
+// A pair over K TCP connections (LOOM_TCP_STREAMS; non-blocking, TCP_NODELAY).
+//
+// A message's header travels on stream 0; its payload is cut into stripes of
+// LOOM_TCP_STRIPE bytes and stripe j travels on stream j mod K, so a message smaller than
+// one stripe uses stream 0 alone. Each stream carries its stripes in order, and both sides
+// work on one message at a time, so the layout needs no per-stripe headers. Receives of
+// plain copies land straight in the destination; reducing receives go through a small
+// staging buffer per stream whose whole elements are reduced as they arrive. Other streams
+// are read only after stream 0's header has been checked, so a desynchronised sender
+// cannot write into the buffer.
 #pragma once
 
 #include <vector>
@@ -13,22 +19,35 @@ namespace loom::comm {
 
 class TcpPair : public Pair {
  public:
-  TcpPair(int self, int peer, net::Fd fd);
+  TcpPair(int self, int peer, std::vector<net::Fd> fds);
   ~TcpPair() override;
   bool progress() override;
-  int fd() const override { return fd_.get(); }
+  void poll_fds(std::vector<pollfd>& out) const override;
+  bool polled() const override { return true; }
   const char* kind() const override { return "tcp"; }
 
+  static int default_streams();
+
  private:
+  struct Stream {
+    net::Fd fd;
+    size_t tx = 0;  // bytes of the current outgoing message's share sent on this stream
+    size_t rx = 0;  // bytes of the current incoming message's share received
+    std::vector<std::byte> staging;
+    size_t staged = 0;
+  };
+  // Stream s's share of a `bytes`-byte payload, and where its byte `o` lies in the payload
+  // (plus how many bytes from there stay on this stream contiguously).
+  size_t share(size_t bytes, int s) const;
+  size_t payload_offset(size_t o, int s, size_t bytes, size_t* run) const;
   bool progress_send();
   bool progress_recv();
   [[noreturn]] void fail(const std::string& what, int err);
 
-  net::Fd fd_;
+  std::vector<Stream> streams_;
+  size_t stripe_;
   FrameHeader rx_header_;
   size_t rx_header_got_ = 0;
-  std::vector<std::byte> staging_;
-  size_t staged_ = 0;
 };
 
 }  // namespace loom::comm
