@@ -21,10 +21,19 @@ for p in probes:
     print(f"- {p['when']} ({p['nranks']} ranks): {p['flag_latency_ns']:.0f} ns, memcpy {p['memcpy_gbps']:.1f} GB/s")
 print()
 
-table = defaultdict(dict)  # (op, n) -> bytes -> peer -> row
+# Median over rounds of each (peer, op, ranks, size): the row whose time is the median.
+groups = defaultdict(list)
 for r in rows:
     if r.get("peer") in ("loom", "openmpi", "gloo") and not r.get("inplace", False):
-        table[(r["op"], r["nranks"])].setdefault(r["bytes"], {})[r["peer"]] = r
+        groups[(r["op"], r["nranks"], r["bytes"], r["peer"])].append(r)
+table = defaultdict(dict)  # (op, n) -> bytes -> peer -> row
+for (op, n, b, peer), rs in groups.items():
+    rs.sort(key=lambda r: r["time_us"])
+    table[(op, n)].setdefault(b, {})[peer] = rs[len(rs) // 2]
+rounds = max((r.get("round", 1) for r in rows), default=1)
+print(f"Each loom and OpenMPI figure is the median of {rounds} interleaved rounds "
+      "(each round's figure is itself the median of the timed iterations).")
+print()
 
 for (op, n), by_size in sorted(table.items()):
     print(f"### {op}, {n} ranks (busbw GB/s; time in us for sizes below 64 KiB)")
