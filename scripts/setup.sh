@@ -6,7 +6,7 @@ pkgs=(
   build-essential cmake ninja-build pkg-config git
   libssl-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev
-  clang libclang-rt-14-dev          # libFuzzer target and sanitizer runtimes
+  clang clang-format libclang-rt-14-dev   # libFuzzer target, sanitizer runtimes, formatting
   openmpi-bin libopenmpi-dev libgloo-dev iperf3   # peers for bench/ (side-by-side numbers)
 )
 missing=()

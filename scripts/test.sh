@@ -8,6 +8,9 @@ bash scripts/setup.sh
 start=$(date +%s)
 step() { printf '\n=== %s (%ds)\n' "$1" $(( $(date +%s) - start )); }
 
+step "formatting (.clang-format)"
+git ls-files '*.cc' '*.h' '*.c' | xargs clang-format --dry-run --Werror
+
 step "release build"
 bash scripts/build.sh build
 step "unit and multi-process tests"

@@ -55,10 +55,16 @@ struct BenchArgs {
   std::vector<std::string> forwarded;  // argv after "bench", for re-executing ranks
 };
 
-double value(int rank, size_t i) { return (rank + 1) * static_cast<double>(i % 5 + 1); }
+double value(int rank, size_t i) {
+  return (rank + 1) * static_cast<double>(i % 5 + 1);
+}
 
-void put(DType t, void* p, size_t i, double v) { store_element(t, p, i, v); }
-double get(DType t, const void* p, size_t i) { return load_element(t, p, i); }
+void put(DType t, void* p, size_t i, double v) {
+  store_element(t, p, i, v);
+}
+double get(DType t, const void* p, size_t i) {
+  return load_element(t, p, i);
+}
 
 // One benchmarked operation: buffer shapes, how to run it, what its result must be.
 struct Case {
@@ -97,7 +103,8 @@ struct Case {
         c.count = elems / n, c.in_elems = c.out_elems = c.count * n;
         c.bus_factor = double(n - 1) / n, c.size_bytes = c.count * n * c.es;
         break;
-      default: return std::nullopt;
+      default:
+        return std::nullopt;
     }
     if (c.count == 0) return std::nullopt;
     return c;
@@ -110,16 +117,24 @@ struct Case {
       case OpKind::kAllreduce:
         comm.allreduce(in, in_place ? in : out, count, t, ReduceOp::kSum, o);
         break;
-      case OpKind::kBroadcast: comm.broadcast(in, count, t, 0, o); break;
-      case OpKind::kReduce: comm.reduce(in, in_place ? in : out, count, t, ReduceOp::kSum, 0, o); break;
+      case OpKind::kBroadcast:
+        comm.broadcast(in, count, t, 0, o);
+        break;
+      case OpKind::kReduce:
+        comm.reduce(in, in_place ? in : out, count, t, ReduceOp::kSum, 0, o);
+        break;
       case OpKind::kAllgather:
         comm.allgather(in_place ? out + rank * count * es : in, out, count, t, o);
         break;
       case OpKind::kReduceScatter:
-        comm.reduce_scatter(in, in_place ? in + rank * count * es : out, count, t, ReduceOp::kSum, o);
+        comm.reduce_scatter(in, in_place ? in + rank * count * es : out, count, t, ReduceOp::kSum,
+                            o);
         break;
-      case OpKind::kAlltoall: comm.alltoall(in, in_place ? in : out, count, t, o); break;
-      default: break;
+      case OpKind::kAlltoall:
+        comm.alltoall(in, in_place ? in : out, count, t, o);
+        break;
+      default:
+        break;
     }
   }
 
@@ -131,8 +146,7 @@ struct Case {
     if (op == OpKind::kAllgather && in_place) src = out.data() + rank * count * es;
     size_t fill_elems = op == OpKind::kAllgather ? count : in_elems;
     for (size_t i = 0; i < fill_elems; ++i) put(t, src, i, value(rank, i));
-    if (op == OpKind::kBroadcast && rank != 0)
-      std::fill(in.begin(), in.end(), std::byte{0xEE});
+    if (op == OpKind::kBroadcast && rank != 0) std::fill(in.begin(), in.end(), std::byte{0xEE});
     run(comm, in.data(), out.data(), in_place, requested);
     int64_t wrong = 0;
     auto sum_of = [&](size_t i) {
@@ -175,7 +189,8 @@ struct Case {
           for (size_t i = 0; i < count; ++i) expect(res, q * count + i, value(q, rank * count + i));
         break;
       }
-      default: break;
+      default:
+        break;
     }
     return wrong;
   }
@@ -193,16 +208,15 @@ int run_rank(const BenchArgs& a) {
   auto requested = comm::parse_algo(a.algo);
   std::vector<OpKind> ops;
   if (a.op == "all")
-    ops = {OpKind::kAllreduce, OpKind::kAllgather, OpKind::kReduceScatter, OpKind::kBroadcast,
-           OpKind::kReduce, OpKind::kAlltoall};
+    ops = {OpKind::kAllreduce, OpKind::kAllgather, OpKind::kReduceScatter,
+           OpKind::kBroadcast, OpKind::kReduce,    OpKind::kAlltoall};
   else
     ops = {*comm::parse_op(a.op)};
   const size_t lo = parse_bytes(a.min, "--min"), hi = parse_bytes(a.max, "--max");
   const bool do_check = a.check && !a.no_check;
 
   FILE* json = nullptr;
-  if (rank == 0 && !a.json.empty())
-    json = a.json == "-" ? stdout : std::fopen(a.json.c_str(), "w");
+  if (rank == 0 && !a.json.empty()) json = a.json == "-" ? stdout : std::fopen(a.json.c_str(), "w");
   if (rank == 0 && !a.json.empty() && !json)
     throw UserError("cannot write --json file '" + a.json + "'", "check the directory exists");
   bool table = rank == 0 && a.json != "-";
@@ -218,9 +232,9 @@ int run_rank(const BenchArgs& a) {
   for (OpKind op : ops) {
     if (table) {
       std::printf("#\n# %s\n", comm::op_name(op));
-      std::printf("# %12s %12s %5s %7s | %10s %9s %9s %7s | %10s %9s %9s %7s\n", "size(B)",
-                  "count", "type", "algo", "oop(us)", "algbw", "busbw", "#wrong", "ip(us)",
-                  "algbw", "busbw", "#wrong");
+      std::printf("# %12s %12s %5s %7s | %10s %9s %9s %7s | %10s %9s %9s %7s\n", "size(B)", "count",
+                  "type", "algo", "oop(us)", "algbw", "busbw", "#wrong", "ip(us)", "algbw", "busbw",
+                  "#wrong");
     }
     for (size_t bytes = lo; bytes <= hi; bytes *= static_cast<size_t>(a.factor)) {
       auto c = Case::make(op, bytes, n, rank, *t);
@@ -234,13 +248,16 @@ int run_rank(const BenchArgs& a) {
       Row rows[2];
       for (int ip = 0; ip < 2; ++ip) {
         bool in_place = ip == 1;
-        for (int w = 0; w < a.warmup; ++w) c->run(*comm, in.data(), out.data(), in_place, *requested);
+        for (int w = 0; w < a.warmup; ++w)
+          c->run(*comm, in.data(), out.data(), in_place, *requested);
         comm->barrier();
         std::vector<double> times(a.iters);
         for (int it = 0; it < a.iters; ++it) {
           auto t0 = std::chrono::steady_clock::now();
           c->run(*comm, in.data(), out.data(), in_place, *requested);
-          times[it] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+          times[it] =
+              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                  .count();
         }
         // The slowest rank's time for each iteration, then the median iteration.
         comm->allreduce(times.data(), times.data(), times.size(), DType::kF64, ReduceOp::kMax);
@@ -255,22 +272,31 @@ int run_rank(const BenchArgs& a) {
         }
         total_wrong += row.wrong;
         if (json) {
-          nlohmann::json j = {{"op", comm::op_name(op)}, {"bytes", c->size_bytes},
-                              {"count", c->count}, {"dtype", dtype_name(*t)},
-                              {"algo", comm::algo_name(c->algo)}, {"inplace", in_place},
-                              {"nranks", n}, {"time_us", row.time_us}, {"algbw", row.algbw},
-                              {"busbw", row.busbw}, {"wrong", do_check ? row.wrong : -1}};
+          nlohmann::json j = {{"op", comm::op_name(op)},
+                              {"bytes", c->size_bytes},
+                              {"count", c->count},
+                              {"dtype", dtype_name(*t)},
+                              {"algo", comm::algo_name(c->algo)},
+                              {"inplace", in_place},
+                              {"nranks", n},
+                              {"time_us", row.time_us},
+                              {"algbw", row.algbw},
+                              {"busbw", row.busbw},
+                              {"wrong", do_check ? row.wrong : -1}};
           std::fprintf(json, "%s\n", j.dump().c_str());
         }
         busbw_sum += row.busbw;
         ++busbw_rows;
       }
       if (table) {
-        auto wrong_text = [&](int64_t w) { return do_check ? std::to_string(w) : std::string("N/A"); };
+        auto wrong_text = [&](int64_t w) {
+          return do_check ? std::to_string(w) : std::string("N/A");
+        };
         std::printf("  %12zu %12zu %5s %7s | %10.2f %9.2f %9.2f %7s | %10.2f %9.2f %9.2f %7s\n",
                     c->size_bytes, c->count, dtype_name(*t), comm::algo_name(c->algo),
-                    rows[0].time_us, rows[0].algbw, rows[0].busbw, wrong_text(rows[0].wrong).c_str(),
-                    rows[1].time_us, rows[1].algbw, rows[1].busbw, wrong_text(rows[1].wrong).c_str());
+                    rows[0].time_us, rows[0].algbw, rows[0].busbw,
+                    wrong_text(rows[0].wrong).c_str(), rows[1].time_us, rows[1].algbw,
+                    rows[1].busbw, wrong_text(rows[1].wrong).c_str());
         std::fflush(stdout);
       }
       if (a.factor <= 1) break;
@@ -301,8 +327,7 @@ int run_launcher(const BenchArgs& a) {
   lo.env["LOOM_BENCH_LAUNCHED"] = "1";
   lo.timeout_seconds = a.job_timeout;
   launch::LaunchResult res = launch::run_local(lo);
-  if (a.json != "-")
-    std::printf("# core-to-core flag latency after: %.0f ns\n", flag_latency_ns());
+  if (a.json != "-") std::printf("# core-to-core flag latency after: %.0f ns\n", flag_latency_ns());
   if (res.timed_out) {
     std::fprintf(stderr, "loom bench: the job did not finish within %.0f s and was stopped\n",
                  a.job_timeout);
@@ -321,7 +346,8 @@ void validate(const BenchArgs& a) {
     throw UserError("--op '" + a.op + "' is not a collective",
                     "use allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall or all");
   if (!parse_dtype(a.dtype))
-    throw UserError("--dtype '" + a.dtype + "' is not a type", "use f32, bf16, f16, f64, i32, i64 or u8");
+    throw UserError("--dtype '" + a.dtype + "' is not a type",
+                    "use f32, bf16, f16, f64, i32, i64 or u8");
   if (!comm::parse_algo(a.algo))
     throw UserError("--algo '" + a.algo + "' is not an algorithm",
                     "use auto, ring, direct, tree, rd or hier");
@@ -339,8 +365,10 @@ void validate(const BenchArgs& a) {
 
 std::function<int()> add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
-  CLI::App* b = app.add_subcommand("bench", "measure collectives (nccl-tests style) and check results");
-  b->add_option("--op", args->op, "allreduce|allgather|reduce_scatter|broadcast|reduce|alltoall|all");
+  CLI::App* b =
+      app.add_subcommand("bench", "measure collectives (nccl-tests style) and check results");
+  b->add_option("--op", args->op,
+                "allreduce|allgather|reduce_scatter|broadcast|reduce|alltoall|all");
   b->add_option("--np", args->np, "spawn N local ranks (otherwise join the launcher's job)");
   b->add_option("--algo", args->algo, "auto|ring|direct|tree|rd|hier");
   b->add_option("--dtype", args->dtype, "f32|bf16|f16|f64|i32|i64|u8");
@@ -357,7 +385,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
   b->add_flag("--tunables", args->tunables, "list every LOOM_* tunable and exit");
   b->add_flag("--probe", args->probe,
               "print the machine probes (memcpy GB/s, core-to-core flag latency) as JSON and exit");
-  b->add_option("--job-timeout", args->job_timeout, "with --np: stop the job after this many seconds");
+  b->add_option("--job-timeout", args->job_timeout,
+                "with --np: stop the job after this many seconds");
   return [args, b]() -> int {
     if (args->tunables) {
       for (const auto& t : all_tunables())
@@ -375,10 +404,13 @@ std::function<int()> add_bench_command(CLI::App& app) {
       // Forward everything but --np to the ranks.
       auto raw = b->remaining_for_passthrough();
       (void)raw;
-      std::vector<std::string> fwd = {"--op", args->op, "--algo", args->algo, "--dtype", args->dtype,
-                                      "--min", args->min, "--max", args->max,
+      std::vector<std::string> fwd = {"--op",     args->op,
+                                      "--algo",   args->algo,
+                                      "--dtype",  args->dtype,
+                                      "--min",    args->min,
+                                      "--max",    args->max,
                                       "--factor", std::to_string(args->factor),
-                                      "--iters", std::to_string(args->iters),
+                                      "--iters",  std::to_string(args->iters),
                                       "--warmup", std::to_string(args->warmup)};
       if (args->no_check) fwd.push_back("--no-check");
       if (!args->json.empty()) fwd.insert(fwd.end(), {"--json", args->json});

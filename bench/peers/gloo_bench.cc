@@ -38,14 +38,17 @@ int main(int argc, char** argv) {
       std::vector<float*> ptrs{a.data()};
       std::vector<const float*> in{a.data()};
       std::unique_ptr<gloo::Algorithm> alg;
-      if (o == 0) alg.reset(new gloo::AllreduceRing<float>(ctx, ptrs, static_cast<int>(count)));
-      else alg.reset(new gloo::AllgatherRing<float>(ctx, in, b.data(), static_cast<int>(per)));
+      if (o == 0)
+        alg.reset(new gloo::AllreduceRing<float>(ctx, ptrs, static_cast<int>(count)));
+      else
+        alg.reset(new gloo::AllgatherRing<float>(ctx, in, b.data(), static_cast<int>(per)));
       gloo::BarrierAllToOne barrier(ctx);
       for (int it = -5; it < iters; ++it) {
         barrier.run();
         auto t0 = std::chrono::steady_clock::now();
         alg->run();
-        double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                       .count();
         if (it >= 0) times[it] = t;
       }
       // The slowest rank's time per iteration.
@@ -60,9 +63,10 @@ int main(int argc, char** argv) {
       double bus = o == 0 ? 2.0 * (n - 1) / n : double(n - 1) / n;
       double algbw = size / med / 1e3;
       if (rank == 0)
-        std::printf("{\"peer\":\"gloo\",\"op\":\"%s\",\"bytes\":%zu,\"nranks\":%d,\"time_us\":%.3f,"
-                    "\"algbw\":%.4f,\"busbw\":%.4f}\n",
-                    names[o], size, n, med, algbw, algbw * bus);
+        std::printf(
+            "{\"peer\":\"gloo\",\"op\":\"%s\",\"bytes\":%zu,\"nranks\":%d,\"time_us\":%.3f,"
+            "\"algbw\":%.4f,\"busbw\":%.4f}\n",
+            names[o], size, n, med, algbw, algbw * bus);
       std::fflush(stdout);
     }
   }

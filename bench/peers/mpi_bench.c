@@ -45,9 +45,10 @@ int main(int argc, char** argv) {
       double factor_bus = o == 0 ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
       double algbw = size / med / 1e3;
       if (rank == 0)
-        printf("{\"peer\":\"openmpi\",\"op\":\"%s\",\"bytes\":%zu,\"nranks\":%d,\"time_us\":%.3f,"
-               "\"algbw\":%.4f,\"busbw\":%.4f}\n",
-               ops[o], size, n, med, algbw, algbw * factor_bus);
+        printf(
+            "{\"peer\":\"openmpi\",\"op\":\"%s\",\"bytes\":%zu,\"nranks\":%d,\"time_us\":%.3f,"
+            "\"algbw\":%.4f,\"busbw\":%.4f}\n",
+            ops[o], size, n, med, algbw, algbw * factor_bus);
       fflush(stdout);
       free(a);
       free(b);

@@ -19,7 +19,8 @@ static double stream(int fd, bool send_side, double seconds) {
   size_t total = 0;
   auto t0 = std::chrono::steady_clock::now();
   while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
-    ssize_t k = send_side ? send(fd, buf.data(), buf.size(), 0) : recv(fd, buf.data(), buf.size(), 0);
+    ssize_t k =
+        send_side ? send(fd, buf.data(), buf.size(), 0) : recv(fd, buf.data(), buf.size(), 0);
     if (k <= 0) break;
     total += static_cast<size_t>(k);
   }

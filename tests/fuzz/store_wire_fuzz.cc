@@ -13,9 +13,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   DecodeResult r = decode(data, size, 1 << 16, m);
   if (r.status == Status::kOk) {
     std::string again = encode(m);
-    if (again.size() != r.consumed || again.compare(0, again.size(),
-                                                    reinterpret_cast<const char*>(data),
-                                                    r.consumed) != 0)
+    if (again.size() != r.consumed ||
+        again.compare(0, again.size(), reinterpret_cast<const char*>(data), r.consumed) != 0)
       __builtin_trap();
     std::string why;
     (void)valid_request(m, why);

@@ -69,7 +69,8 @@ int run_async(Communicator& c) {
   auto rev = c.split(0, -r);      // everyone, reversed rank order
   int wrong = 0;
   if (rev->rank() != n - 1 - r) {
-    std::fprintf(stderr, "WRONG: split by key -rank gave rank %d, want %d\n", rev->rank(), n - 1 - r);
+    std::fprintf(stderr, "WRONG: split by key -rank gave rank %d, want %d\n", rev->rank(),
+                 n - 1 - r);
     ++wrong;
   }
   const size_t count = 100003;
@@ -78,8 +79,8 @@ int run_async(Communicator& c) {
   for (int k = 0; k < 8; ++k) {
     for (size_t i = 0; i < count; ++i) bufs[k][i] = (r + 1) * (k + 1);
     Communicator& target = k % 3 == 0 ? c : k % 3 == 1 ? *half : *rev;
-    works.push_back(target.allreduce_async(bufs[k].data(), bufs[k].data(), count, DType::kI32,
-                                           ReduceOp::kSum));
+    works.push_back(
+        target.allreduce_async(bufs[k].data(), bufs[k].data(), count, DType::kI32, ReduceOp::kSum));
   }
   std::vector<int64_t> gathered(n);
   int64_t me = r * 10;
@@ -96,7 +97,8 @@ int run_async(Communicator& c) {
     }
     for (size_t i = 0; i < count; ++i)
       if (bufs[k][i] != want) {
-        std::fprintf(stderr, "WRONG: async op %d element %zu: %d want %d\n", k, i, bufs[k][i], want);
+        std::fprintf(stderr, "WRONG: async op %d element %zu: %d want %d\n", k, i, bufs[k][i],
+                     want);
         ++wrong;
         break;
       }

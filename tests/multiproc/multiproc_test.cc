@@ -24,8 +24,8 @@ struct Job {
 
 Job run_worker(int n, std::vector<std::string> args, std::map<std::string, std::string> env = {},
                bool fail_fast = false) {
-  std::string dir = fs::temp_directory_path() / ("loom-mp-" + std::to_string(::getpid()) + "-" +
-                                                 std::to_string(std::rand()));
+  std::string dir = fs::temp_directory_path() /
+                    ("loom-mp-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
   fs::create_directories(dir);
   launch::LaunchOptions o;
   o.nprocs = n;
@@ -52,13 +52,15 @@ Job run_worker(int n, std::vector<std::string> args, std::map<std::string, std::
 
 std::string all_logs(const Job& j) {
   std::string s;
-  for (size_t r = 0; r < j.logs.size(); ++r) s += "--- rank " + std::to_string(r) + "\n" + j.logs[r];
+  for (size_t r = 0; r < j.logs.size(); ++r)
+    s += "--- rank " + std::to_string(r) + "\n" + j.logs[r];
   return s;
 }
 
 void expect_ok(const Job& j) {
   EXPECT_FALSE(j.result.timed_out) << all_logs(j);
-  for (const auto& e : j.result.ranks) EXPECT_EQ(e.exit_code, 0) << e.describe() << "\n" << all_logs(j);
+  for (const auto& e : j.result.ranks)
+    EXPECT_EQ(e.exit_code, 0) << e.describe() << "\n" << all_logs(j);
 }
 
 TEST(Processes, SweepOverSharedMemory) {
@@ -99,9 +101,15 @@ void kill_test(int n, int victim, std::map<std::string, std::string> env) {
   }
 }
 
-TEST(Failures, KilledRankOverSharedMemory) { kill_test(4, 2, {}); }
-TEST(Failures, KilledRankOverTcp) { kill_test(3, 1, {{"LOOM_TRANSPORT", "tcp"}}); }
-TEST(Failures, KilledRankAcrossVirtualHosts) { kill_test(4, 3, {{"LOOM_TEST_HOSTS", "2"}}); }
+TEST(Failures, KilledRankOverSharedMemory) {
+  kill_test(4, 2, {});
+}
+TEST(Failures, KilledRankOverTcp) {
+  kill_test(3, 1, {{"LOOM_TRANSPORT", "tcp"}});
+}
+TEST(Failures, KilledRankAcrossVirtualHosts) {
+  kill_test(4, 3, {{"LOOM_TEST_HOSTS", "2"}});
+}
 
 TEST(Failures, NoSharedMemoryLeftAfterKill) {
   auto count_segments = [] {

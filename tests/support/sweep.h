@@ -19,9 +19,9 @@ using comm::OpOptions;
 using comm::ReduceOp;
 
 inline const DType kAllTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kF64,
-                           DType::kI32, DType::kI64,  DType::kU8};
+                                  DType::kI32, DType::kI64,  DType::kU8};
 inline const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax,
-                            ReduceOp::kProd};
+                                   ReduceOp::kProd};
 
 inline std::vector<Algo> algos_to_test(const Communicator& c, OpKind op) {
   std::vector<Algo> v = comm::valid_algos(op, c.topology());
@@ -43,7 +43,7 @@ struct Checker {
 };
 
 inline std::string label(const char* op, Algo a, DType t, size_t count, bool in_place,
-                  ReduceOp r = ReduceOp::kSum) {
+                         ReduceOp r = ReduceOp::kSum) {
   return std::string(op) + "/" + comm::algo_name(a) + "/" + dtype_name(t) + "/" +
          comm::reduce_op_name(r) + "/count=" + std::to_string(count) +
          (in_place ? "/in-place" : "/out-of-place");
@@ -111,8 +111,8 @@ inline int sweep(Communicator& c, const std::vector<size_t>& counts, const std::
             std::vector<uint8_t> buf(count * es + 1, 0xEE);
             if (r == root) fill(t, buf.data(), count, ReduceOp::kSum, root);
             c.broadcast(buf.data(), count, t, root, OpOptions{a});
-            std::string what = label("broadcast", a, t, count, false) + "/root=" +
-                               std::to_string(root);
+            std::string what =
+                label("broadcast", a, t, count, false) + "/root=" + std::to_string(root);
             for (size_t i = 0; i < count; ++i)
               ck.expect(load(t, buf.data(), i), as_dtype(t, input_value(ReduceOp::kSum, root, i)),
                         i, what);

@@ -13,8 +13,12 @@
 
 namespace loom::test {
 
-inline double load(DType t, const void* p, size_t i) { return load_element(t, p, i); }
-inline void store(DType t, void* p, size_t i, double v) { store_element(t, p, i, v); }
+inline double load(DType t, const void* p, size_t i) {
+  return load_element(t, p, i);
+}
+inline void store(DType t, void* p, size_t i, double v) {
+  store_element(t, p, i, v);
+}
 
 // Rank r's input element i for reduction op `op`.
 inline double input_value(comm::ReduceOp op, int r, size_t i) {
@@ -29,11 +33,20 @@ inline double expected_value(comm::ReduceOp op, DType t, int n, size_t i) {
     double v = input_value(op, r, i);
     switch (op) {
       case comm::ReduceOp::kSum:
-      case comm::ReduceOp::kAvg: acc += v; break;
-      case comm::ReduceOp::kProd: acc *= v; break;
-      case comm::ReduceOp::kMin: acc = std::min(acc, v); break;
-      case comm::ReduceOp::kMax: acc = std::max(acc, v); break;
-      default: break;
+      case comm::ReduceOp::kAvg:
+        acc += v;
+        break;
+      case comm::ReduceOp::kProd:
+        acc *= v;
+        break;
+      case comm::ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case comm::ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      default:
+        break;
     }
   }
   if (op == comm::ReduceOp::kAvg) {

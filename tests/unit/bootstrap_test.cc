@@ -1,9 +1,10 @@
 // Reading the launcher's environment: loom, OpenMPI and Slurm variables, and their errors.
+#include "loom/comm/bootstrap.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
-#include "loom/comm/bootstrap.h"
 #include "loom/core/error.h"
 
 namespace loom::comm {
@@ -12,12 +13,27 @@ namespace {
 class Env {
  public:
   Env(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (const char* v : {"LOOM_RANK", "LOOM_WORLD_SIZE", "LOOM_LOCAL_RANK", "LOOM_LOCAL_WORLD_SIZE",
-                          "LOOM_STORE", "LOOM_JOB_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_NAMESPACE",
-                          "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NUM_NODES",
-                          "SLURM_NTASKS_PER_NODE", "SLURM_JOB_ID", "SLURM_STEP_ID",
-                          "SLURM_JOB_NODELIST", "MASTER_ADDR", "MASTER_PORT"})
+    for (const char* v : {"LOOM_RANK",
+                          "LOOM_WORLD_SIZE",
+                          "LOOM_LOCAL_RANK",
+                          "LOOM_LOCAL_WORLD_SIZE",
+                          "LOOM_STORE",
+                          "LOOM_JOB_ID",
+                          "OMPI_COMM_WORLD_RANK",
+                          "OMPI_COMM_WORLD_SIZE",
+                          "OMPI_COMM_WORLD_LOCAL_RANK",
+                          "OMPI_COMM_WORLD_LOCAL_SIZE",
+                          "PMIX_NAMESPACE",
+                          "SLURM_PROCID",
+                          "SLURM_NTASKS",
+                          "SLURM_LOCALID",
+                          "SLURM_JOB_NUM_NODES",
+                          "SLURM_NTASKS_PER_NODE",
+                          "SLURM_JOB_ID",
+                          "SLURM_STEP_ID",
+                          "SLURM_JOB_NODELIST",
+                          "MASTER_ADDR",
+                          "MASTER_PORT"})
       unsetenv(v);
     for (auto& [k, v] : vars) setenv(k, v, 1), set_.push_back(k);
   }
@@ -38,8 +54,11 @@ TEST(Bootstrap, SingleProcessByDefault) {
 }
 
 TEST(Bootstrap, LoomVariables) {
-  Env e({{"LOOM_RANK", "3"}, {"LOOM_WORLD_SIZE", "8"}, {"LOOM_LOCAL_RANK", "1"},
-         {"LOOM_LOCAL_WORLD_SIZE", "2"}, {"LOOM_STORE", "tcp://10.0.0.1:1234"}});
+  Env e({{"LOOM_RANK", "3"},
+         {"LOOM_WORLD_SIZE", "8"},
+         {"LOOM_LOCAL_RANK", "1"},
+         {"LOOM_LOCAL_WORLD_SIZE", "2"},
+         {"LOOM_STORE", "tcp://10.0.0.1:1234"}});
   LaunchInfo i = launch_info_from_env();
   EXPECT_EQ(i.source, "loom");
   EXPECT_EQ(i.rank, 3);
@@ -50,9 +69,12 @@ TEST(Bootstrap, LoomVariables) {
 }
 
 TEST(Bootstrap, OpenMpiVariables) {
-  Env e({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-         {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
-         {"PMIX_NAMESPACE", "prterun-host-123@1"}, {"MASTER_ADDR", "head"}});
+  Env e({{"OMPI_COMM_WORLD_RANK", "2"},
+         {"OMPI_COMM_WORLD_SIZE", "4"},
+         {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+         {"PMIX_NAMESPACE", "prterun-host-123@1"},
+         {"MASTER_ADDR", "head"}});
   LaunchInfo i = launch_info_from_env();
   EXPECT_EQ(i.source, "mpirun");
   EXPECT_EQ(i.rank, 2);
@@ -63,8 +85,12 @@ TEST(Bootstrap, OpenMpiVariables) {
 }
 
 TEST(Bootstrap, SlurmVariables) {
-  Env e({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
-         {"SLURM_JOB_NUM_NODES", "2"}, {"SLURM_NTASKS_PER_NODE", "4"}, {"SLURM_JOB_ID", "991"},
+  Env e({{"SLURM_PROCID", "5"},
+         {"SLURM_NTASKS", "8"},
+         {"SLURM_LOCALID", "1"},
+         {"SLURM_JOB_NUM_NODES", "2"},
+         {"SLURM_NTASKS_PER_NODE", "4"},
+         {"SLURM_JOB_ID", "991"},
          {"SLURM_JOB_NODELIST", "gpu[07-08]"}});
   LaunchInfo i = launch_info_from_env();
   EXPECT_EQ(i.source, "slurm");

@@ -8,8 +8,8 @@
 #include <set>
 
 #include "loom/comm/communicator.h"
-#include "support/thread_ranks.h"
 #include "support/sweep.h"
+#include "support/thread_ranks.h"
 #include "support/values.h"
 
 namespace loom::test {

@@ -35,8 +35,8 @@ TEST_P(Features, ManyAsyncOpsInFlightOnParentAndSplits) {
     for (int k = 0; k < 6; ++k) {
       std::fill(bufs[k].begin(), bufs[k].end(), float((r + 1) * (k + 1)));
       Communicator& target = k % 2 ? *pairs : c;
-      works.push_back(target.allreduce_async(bufs[k].data(), bufs[k].data(), count,
-                                             DType::kF32, ReduceOp::kSum));
+      works.push_back(target.allreduce_async(bufs[k].data(), bufs[k].data(), count, DType::kF32,
+                                             ReduceOp::kSum));
     }
     float odd_sum = 0;
     WorkPtr ow;

@@ -45,15 +45,19 @@ TEST(Reduce, EveryDtypeAndOpAgainstScalars) {
     DType t = static_cast<DType>(ti);
     size_t es = dtype_size(t), n = 37;
     std::vector<uint8_t> a(n * es), b(n * es), d(n * es);
-    auto put = [&](std::vector<uint8_t>& v, size_t i, double x) { store_element(t, v.data(), i, x); };
+    auto put = [&](std::vector<uint8_t>& v, size_t i, double x) {
+      store_element(t, v.data(), i, x);
+    };
     auto get = [&](std::vector<uint8_t>& v, size_t i) { return load_element(t, v.data(), i); };
     for (size_t i = 0; i < n; ++i) put(a, i, double(i % 11)), put(b, i, double((i * 7) % 5));
     for (auto op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax}) {
       comm::reduce_into(d.data(), a.data(), b.data(), n, t, op);
       for (size_t i = 0; i < n; ++i) {
         double x = double(i % 11), y = double((i * 7) % 5);
-        double want = op == ReduceOp::kSum ? x + y : op == ReduceOp::kProd ? x * y
-                    : op == ReduceOp::kMin ? std::min(x, y) : std::max(x, y);
+        double want = op == ReduceOp::kSum    ? x + y
+                      : op == ReduceOp::kProd ? x * y
+                      : op == ReduceOp::kMin  ? std::min(x, y)
+                                              : std::max(x, y);
         EXPECT_EQ(get(d, i), want) << dtype_name(t) << " " << comm::reduce_op_name(op) << " " << i;
       }
     }

@@ -21,8 +21,8 @@ void exercise(Store& s, Store& other) {
   EXPECT_EQ(s.get("a", Deadline::after_seconds(1)), "1");
   EXPECT_EQ(s.add("n", 5), 5);
   EXPECT_EQ(other.add("n", -2), 3);
-  EXPECT_EQ(s.compare_set("c", "", "x"), "x");    // missing key matches ""
-  EXPECT_EQ(s.compare_set("c", "y", "z"), "x");   // mismatch leaves it
+  EXPECT_EQ(s.compare_set("c", "", "x"), "x");   // missing key matches ""
+  EXPECT_EQ(s.compare_set("c", "y", "z"), "x");  // mismatch leaves it
   EXPECT_EQ(s.compare_set("c", "x", "z"), "z");
   EXPECT_TRUE(s.check({"a", "c"}));
   EXPECT_FALSE(s.check({"a", "missing"}));

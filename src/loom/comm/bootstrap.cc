@@ -47,7 +47,9 @@ uint16_t port_for_job(const std::string& job_id) {
 
 // A single-machine job without a token: rank 0 generates one and hands it over through a
 // private file named after the job.
-std::string token_dir() { return "/tmp/loom-" + std::to_string(::getuid()); }
+std::string token_dir() {
+  return "/tmp/loom-" + std::to_string(::getuid());
+}
 
 std::string token_path(const LaunchInfo& info, const std::string& store_url) {
   std::string id = info.job_id.empty() ? store_url : info.job_id;
@@ -65,8 +67,7 @@ std::string local_token(const LaunchInfo& info, const std::string& store_url, De
     std::string tmp = path + ".tmp." + std::to_string(::getpid());
     {
       int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (fd < 0)
-        throw Error("cannot write the job token file " + tmp + ": " + errno_text(errno));
+      if (fd < 0) throw Error("cannot write the job token file " + tmp + ": " + errno_text(errno));
       ssize_t w = ::write(fd, token.data(), token.size());
       ::close(fd);
       if (w != static_cast<ssize_t>(token.size())) throw Error("short write to " + tmp);
@@ -112,8 +113,10 @@ LaunchInfo launch_info_from_env() {
     i.size = env_int("OMPI_COMM_WORLD_SIZE", 1);
     i.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
     i.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", i.size);
-    if (const char* j = env("PMIX_NAMESPACE")) i.job_id = j;
-    else if (const char* j2 = env("OMPI_MCA_ess_base_jobid")) i.job_id = j2;
+    if (const char* j = env("PMIX_NAMESPACE"))
+      i.job_id = j;
+    else if (const char* j2 = env("OMPI_MCA_ess_base_jobid"))
+      i.job_id = j2;
   } else if (env("SLURM_PROCID")) {
     i.source = "slurm";
     i.rank = env_int("SLURM_PROCID", 0);
@@ -136,12 +139,15 @@ std::string store_url_from_env(const LaunchInfo& info) {
   std::string s = kStore.get();
   if (!s.empty()) return s;
   std::string host = "127.0.0.1";
-  if (const char* a = env("MASTER_ADDR")) host = a;
+  if (const char* a = env("MASTER_ADDR"))
+    host = a;
   else if (info.source == "slurm" && env("SLURM_JOB_NODELIST"))
     host = first_slurm_host(env("SLURM_JOB_NODELIST"));
   uint16_t port = 29500;
-  if (const char* p = env("MASTER_PORT")) port = static_cast<uint16_t>(env_int("MASTER_PORT", 29500)), (void)p;
-  else if (!info.job_id.empty()) port = port_for_job(info.job_id);
+  if (const char* p = env("MASTER_PORT"))
+    port = static_cast<uint16_t>(env_int("MASTER_PORT", 29500)), (void)p;
+  else if (!info.job_id.empty())
+    port = port_for_job(info.job_id);
   return "tcp://" + host + ":" + std::to_string(port);
 }
 

@@ -115,8 +115,7 @@ CommConfig CommConfig::from_env() {
     throw UserError("LOOM_TIMEOUT_S must be positive", "set a number of seconds, e.g. 300");
   c.transport = kTransport.get();
   if (c.transport != "auto" && c.transport != "tcp")
-    throw UserError("LOOM_TRANSPORT='" + c.transport + "' is not a transport",
-                    "use auto or tcp");
+    throw UserError("LOOM_TRANSPORT='" + c.transport + "' is not a transport", "use auto or tcp");
   c.host_id = kHostId.get();
   c.listen_host = kAddr.get();
   c.token = kToken.get();
@@ -139,16 +138,16 @@ Communicator::Communicator(std::shared_ptr<Store> root_store, std::shared_ptr<St
       size_(size),
       cfg_(std::move(cfg)) {
   if (size < 1 || rank < 0 || rank >= size)
-    throw UserError("rank " + std::to_string(rank) + " is not valid for world size " +
-                        std::to_string(size),
-                    "ranks run from 0 to size-1 (LOOM_RANK, LOOM_WORLD_SIZE)");
+    throw UserError(
+        "rank " + std::to_string(rank) + " is not valid for world size " + std::to_string(size),
+        "ranks run from 0 to size-1 (LOOM_RANK, LOOM_WORLD_SIZE)");
   watch_store_ = root_store_->clone();
   p2p_send_seq_.assign(size, 0);
   p2p_recv_seq_.assign(size, 0);
 }
 
-std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank,
-                                                   int size, CommConfig cfg) {
+std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, int rank, int size,
+                                                   CommConfig cfg) {
   auto ns = std::make_shared<PrefixStore>(cfg.name, std::move(store));
   std::shared_ptr<Communicator> c(new Communicator(ns, ns, rank, size, std::move(cfg)));
   c->connect(Deadline::after_seconds(c->cfg_.timeout_s));
@@ -221,9 +220,8 @@ void Communicator::connect(Deadline deadline) {
       while (got < expected) {
         net::Fd fd = net::accept_one(listener.get(), deadline);
         if (!fd.valid())
-          throw PeerError(PeerError::Kind::kTimeout,
-                          "rank " + std::to_string(rank_) +
-                              " timed out waiting for peers to connect");
+          throw PeerError(PeerError::Kind::kTimeout, "rank " + std::to_string(rank_) +
+                                                         " timed out waiting for peers to connect");
         if (!net::server_handshake(fd.get(), cfg_.token, "pair", hs_deadline)) continue;
         PairHello hello{};
         try {
@@ -236,9 +234,10 @@ void Communicator::connect(Deadline deadline) {
             hello.rank >= size_ || !expect[hello.rank] || hello.nstreams != nstreams ||
             hello.stream < 0 || hello.stream >= nstreams ||
             accepted[hello.rank][hello.stream].valid()) {
-          LOOM_LOG(kWarn, "comm") << "refused a peer connection claiming rank " << hello.rank
-                                  << " stream " << hello.stream << "/" << hello.nstreams
-                                  << " (not expected on this communicator; LOOM_TCP_STREAMS differs?)";
+          LOOM_LOG(kWarn, "comm")
+              << "refused a peer connection claiming rank " << hello.rank << " stream "
+              << hello.stream << "/" << hello.nstreams
+              << " (not expected on this communicator; LOOM_TCP_STREAMS differs?)";
           continue;
         }
         accepted[hello.rank][hello.stream] = std::move(fd);
@@ -267,8 +266,8 @@ void Communicator::connect(Deadline deadline) {
     }
     for (int q = 0; q < rank_; ++q) {
       if (!topo_.shm_with[q]) continue;
-      std::string name = store_->get("shm/" + std::to_string(q) + "/" + std::to_string(rank_),
-                                     deadline);
+      std::string name =
+          store_->get("shm/" + std::to_string(q) + "/" + std::to_string(rank_), deadline);
       shm::Segment seg = shm::Segment::open(name);
       seg.unlink();  // both sides have it mapped now; nothing can outlive the job
       pairs_[q] = std::make_unique<ShmPair>(rank_, q, std::move(seg), 1);
@@ -303,13 +302,14 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
     if (all[2 * q] == color) members.push_back(q);
   std::stable_sort(members.begin(), members.end(),
                    [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
-  int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+  int new_rank =
+      static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
   std::string sub = "split" + std::to_string(index) + "/c" + std::to_string(color);
   CommConfig cfg = cfg_;
   cfg.name = cfg_.name + "/" + sub;
   auto ns = std::make_shared<PrefixStore>(sub, store_);
-  std::shared_ptr<Communicator> c(new Communicator(root_store_, ns, new_rank,
-                                                   static_cast<int>(members.size()), cfg));
+  std::shared_ptr<Communicator> c(
+      new Communicator(root_store_, ns, new_rank, static_cast<int>(members.size()), cfg));
   c->connect(Deadline::after_seconds(cfg.timeout_s));
   return c;
 }
@@ -425,7 +425,8 @@ void Communicator::fail(const Op& op, const std::exception& e) {
         msg = where + "the job was aborted: " + first + " (seen here as: " + e.what() + ")";
       }
     } catch (const std::exception& se) {
-      LOOM_LOG(kWarn, "comm") << "could not reach the store to post the abort record: " << se.what();
+      LOOM_LOG(kWarn, "comm") << "could not reach the store to post the abort record: "
+                              << se.what();
     }
   }
   PeerError err(kind, msg, peer);
@@ -438,8 +439,9 @@ void Communicator::fail(const Op& op, const std::exception& e) {
 
 void Communicator::run(Op& op) {
   double t = op.timeout_s > 0 ? op.timeout_s : cfg_.timeout_s;
-  Exec x(rank_, size_, pairs_, topo_, op.fp, op.seq, Deadline::after_seconds(t), wait_policy_,
-         [this] { check_abort(); }, scratch_);
+  Exec x(
+      rank_, size_, pairs_, topo_, op.fp, op.seq, Deadline::after_seconds(t), wait_policy_,
+      [this] { check_abort(); }, scratch_);
   try {
     op.body(x);
   } catch (const PeerError& e) {
@@ -459,8 +461,8 @@ void Communicator::validate(int root, const char* what) const {
 void Communicator::validate_peer(int peer, const char* what) const {
   if (peer < 0 || peer >= size_ || peer == rank_)
     throw UserError(std::string(what) + ": peer " + std::to_string(peer) +
-                        " is not another rank of this communicator (rank " +
-                        std::to_string(rank_) + ", size " + std::to_string(size_) + ")",
+                        " is not another rank of this communicator (rank " + std::to_string(rank_) +
+                        ", size " + std::to_string(size_) + ")",
                     "pass a peer between 0 and size-1, other than yourself");
 }
 
@@ -479,8 +481,8 @@ Fingerprint fingerprint(OpKind op, DType t, ReduceOp r, Algo a, int root, uint64
 }
 }  // namespace
 
-WorkPtr Communicator::allreduce_impl(bool blocking, const void* in, void* out, size_t count, DType t,
-                                      ReduceOp op, OpOptions o) {
+WorkPtr Communicator::allreduce_impl(bool blocking, const void* in, void* out, size_t count,
+                                     DType t, ReduceOp op, OpOptions o) {
   const size_t bytes = count * dtype_size(t);
   Algo a = chosen_algo(OpKind::kAllreduce, bytes, o.algo);
   Op p;
@@ -489,20 +491,31 @@ WorkPtr Communicator::allreduce_impl(bool blocking, const void* in, void* out, s
   int n = size_;
   p.body = [=](Exec& x) {
     switch (a) {
-      case Algo::kRing: algo::allreduce_ring(x, in, out, count); break;
-      case Algo::kRd: algo::allreduce_rd(x, in, out, count); break;
-      case Algo::kDirect: algo::allreduce_direct(x, in, out, count); break;
-      case Algo::kTree: algo::allreduce_tree(x, in, out, count); break;
-      case Algo::kHier: algo::allreduce_hier(x, in, out, count); break;
-      default: LOOM_CHECK_MSG(false, "no allreduce algorithm " + std::string(algo_name(a)));
+      case Algo::kRing:
+        algo::allreduce_ring(x, in, out, count);
+        break;
+      case Algo::kRd:
+        algo::allreduce_rd(x, in, out, count);
+        break;
+      case Algo::kDirect:
+        algo::allreduce_direct(x, in, out, count);
+        break;
+      case Algo::kTree:
+        algo::allreduce_tree(x, in, out, count);
+        break;
+      case Algo::kHier:
+        algo::allreduce_hier(x, in, out, count);
+        break;
+      default:
+        LOOM_CHECK_MSG(false, "no allreduce algorithm " + std::string(algo_name(a)));
     }
     if (op == ReduceOp::kAvg) finish_avg(out, count, t, n);
   };
   return submit(std::move(p), blocking);
 }
 
-WorkPtr Communicator::allgatherv_impl(bool blocking, const void* in, void* out, std::vector<size_t> counts,
-                                       DType t, OpOptions o) {
+WorkPtr Communicator::allgatherv_impl(bool blocking, const void* in, void* out,
+                                      std::vector<size_t> counts, DType t, OpOptions o) {
   if (counts.size() != static_cast<size_t>(size_))
     throw UserError("allgatherv: " + std::to_string(counts.size()) + " counts for " +
                         std::to_string(size_) + " ranks",
@@ -516,23 +529,32 @@ WorkPtr Communicator::allgatherv_impl(bool blocking, const void* in, void* out, 
   p.timeout_s = o.timeout_s;
   p.body = [=](Exec& x) {
     switch (a) {
-      case Algo::kRing: algo::allgather_ring(x, in, out, b); break;
-      case Algo::kDirect: algo::allgather_direct(x, in, out, b); break;
-      case Algo::kRd: algo::allgather_rd(x, in, out, b); break;
-      case Algo::kHier: algo::allgather_hier(x, in, out, b); break;
-      default: LOOM_CHECK_MSG(false, "no allgather algorithm " + std::string(algo_name(a)));
+      case Algo::kRing:
+        algo::allgather_ring(x, in, out, b);
+        break;
+      case Algo::kDirect:
+        algo::allgather_direct(x, in, out, b);
+        break;
+      case Algo::kRd:
+        algo::allgather_rd(x, in, out, b);
+        break;
+      case Algo::kHier:
+        algo::allgather_hier(x, in, out, b);
+        break;
+      default:
+        LOOM_CHECK_MSG(false, "no allgather algorithm " + std::string(algo_name(a)));
     }
   };
   return submit(std::move(p), blocking);
 }
 
-WorkPtr Communicator::allgather_impl(bool blocking, const void* in, void* out, size_t count, DType t,
-                                      OpOptions o) {
+WorkPtr Communicator::allgather_impl(bool blocking, const void* in, void* out, size_t count,
+                                     DType t, OpOptions o) {
   return allgatherv_impl(blocking, in, out, std::vector<size_t>(size_, count), t, o);
 }
 
-WorkPtr Communicator::reduce_scatter_impl(bool blocking, const void* in, void* out, size_t count, DType t,
-                                           ReduceOp op, OpOptions o) {
+WorkPtr Communicator::reduce_scatter_impl(bool blocking, const void* in, void* out, size_t count,
+                                          DType t, ReduceOp op, OpOptions o) {
   const size_t bytes = count * dtype_size(t) * size_;
   Algo a = chosen_algo(OpKind::kReduceScatter, bytes, o.algo);
   Op p;
@@ -541,17 +563,25 @@ WorkPtr Communicator::reduce_scatter_impl(bool blocking, const void* in, void* o
   int n = size_;
   p.body = [=](Exec& x) {
     switch (a) {
-      case Algo::kRing: algo::reduce_scatter_ring(x, in, out, count); break;
-      case Algo::kDirect: algo::reduce_scatter_direct(x, in, out, count); break;
-      case Algo::kRd: algo::reduce_scatter_rd(x, in, out, count); break;
-      default: LOOM_CHECK_MSG(false, "no reduce_scatter algorithm " + std::string(algo_name(a)));
+      case Algo::kRing:
+        algo::reduce_scatter_ring(x, in, out, count);
+        break;
+      case Algo::kDirect:
+        algo::reduce_scatter_direct(x, in, out, count);
+        break;
+      case Algo::kRd:
+        algo::reduce_scatter_rd(x, in, out, count);
+        break;
+      default:
+        LOOM_CHECK_MSG(false, "no reduce_scatter algorithm " + std::string(algo_name(a)));
     }
     if (op == ReduceOp::kAvg) finish_avg(out, count, t, n);
   };
   return submit(std::move(p), blocking);
 }
 
-WorkPtr Communicator::broadcast_impl(bool blocking, void* buf, size_t count, DType t, int root, OpOptions o) {
+WorkPtr Communicator::broadcast_impl(bool blocking, void* buf, size_t count, DType t, int root,
+                                     OpOptions o) {
   validate(root, "broadcast");
   const size_t bytes = count * dtype_size(t);
   Algo a = chosen_algo(OpKind::kBroadcast, bytes, o.algo);
@@ -560,17 +590,24 @@ WorkPtr Communicator::broadcast_impl(bool blocking, void* buf, size_t count, DTy
   p.timeout_s = o.timeout_s;
   p.body = [=](Exec& x) {
     switch (a) {
-      case Algo::kTree: algo::broadcast_tree(x, buf, bytes, root); break;
-      case Algo::kDirect: algo::broadcast_direct(x, buf, bytes, root); break;
-      case Algo::kRing: algo::broadcast_ring(x, buf, bytes, root); break;
-      default: LOOM_CHECK_MSG(false, "no broadcast algorithm " + std::string(algo_name(a)));
+      case Algo::kTree:
+        algo::broadcast_tree(x, buf, bytes, root);
+        break;
+      case Algo::kDirect:
+        algo::broadcast_direct(x, buf, bytes, root);
+        break;
+      case Algo::kRing:
+        algo::broadcast_ring(x, buf, bytes, root);
+        break;
+      default:
+        LOOM_CHECK_MSG(false, "no broadcast algorithm " + std::string(algo_name(a)));
     }
   };
   return submit(std::move(p), blocking);
 }
 
-WorkPtr Communicator::reduce_impl(bool blocking, const void* in, void* out, size_t count, DType t, ReduceOp op,
-                                   int root, OpOptions o) {
+WorkPtr Communicator::reduce_impl(bool blocking, const void* in, void* out, size_t count, DType t,
+                                  ReduceOp op, int root, OpOptions o) {
   validate(root, "reduce");
   const size_t bytes = count * dtype_size(t);
   Algo a = chosen_algo(OpKind::kReduce, bytes, o.algo);
@@ -580,17 +617,22 @@ WorkPtr Communicator::reduce_impl(bool blocking, const void* in, void* out, size
   int n = size_, me = rank_;
   p.body = [=](Exec& x) {
     switch (a) {
-      case Algo::kTree: algo::reduce_tree(x, in, out, count, root); break;
-      case Algo::kDirect: algo::reduce_direct(x, in, out, count, root); break;
-      default: LOOM_CHECK_MSG(false, "no reduce algorithm " + std::string(algo_name(a)));
+      case Algo::kTree:
+        algo::reduce_tree(x, in, out, count, root);
+        break;
+      case Algo::kDirect:
+        algo::reduce_direct(x, in, out, count, root);
+        break;
+      default:
+        LOOM_CHECK_MSG(false, "no reduce algorithm " + std::string(algo_name(a)));
     }
     if (op == ReduceOp::kAvg && me == root) finish_avg(out, count, t, n);
   };
   return submit(std::move(p), blocking);
 }
 
-WorkPtr Communicator::gather_impl(bool blocking, const void* in, void* out, size_t count, DType t, int root,
-                                   OpOptions o) {
+WorkPtr Communicator::gather_impl(bool blocking, const void* in, void* out, size_t count, DType t,
+                                  int root, OpOptions o) {
   validate(root, "gather");
   const size_t bytes = count * dtype_size(t);
   Op p;
@@ -600,8 +642,8 @@ WorkPtr Communicator::gather_impl(bool blocking, const void* in, void* out, size
   return submit(std::move(p), blocking);
 }
 
-WorkPtr Communicator::scatter_impl(bool blocking, const void* in, void* out, size_t count, DType t, int root,
-                                    OpOptions o) {
+WorkPtr Communicator::scatter_impl(bool blocking, const void* in, void* out, size_t count, DType t,
+                                   int root, OpOptions o) {
   validate(root, "scatter");
   const size_t bytes = count * dtype_size(t);
   Op p;
@@ -612,7 +654,7 @@ WorkPtr Communicator::scatter_impl(bool blocking, const void* in, void* out, siz
 }
 
 WorkPtr Communicator::alltoall_impl(bool blocking, const void* in, void* out, size_t count, DType t,
-                                     OpOptions o) {
+                                    OpOptions o) {
   const size_t bytes = count * dtype_size(t);
   Op p;
   p.fp = fingerprint(OpKind::kAlltoall, t, ReduceOp::kSum, Algo::kDirect, -1, count);
@@ -629,7 +671,8 @@ WorkPtr Communicator::barrier_impl(bool blocking, OpOptions o) {
   return submit(std::move(p), blocking);
 }
 
-WorkPtr Communicator::send_impl(bool blocking, const void* buf, size_t count, DType t, int peer, OpOptions o) {
+WorkPtr Communicator::send_impl(bool blocking, const void* buf, size_t count, DType t, int peer,
+                                OpOptions o) {
   validate_peer(peer, "send");
   const size_t bytes = count * dtype_size(t);
   Op p;
@@ -644,7 +687,8 @@ WorkPtr Communicator::send_impl(bool blocking, const void* buf, size_t count, DT
   return submit(std::move(p), blocking);
 }
 
-WorkPtr Communicator::recv_impl(bool blocking, void* buf, size_t count, DType t, int peer, OpOptions o) {
+WorkPtr Communicator::recv_impl(bool blocking, void* buf, size_t count, DType t, int peer,
+                                OpOptions o) {
   validate_peer(peer, "recv");
   const size_t bytes = count * dtype_size(t);
   Op p;
@@ -658,11 +702,10 @@ WorkPtr Communicator::recv_impl(bool blocking, void* buf, size_t count, DType t,
   return submit(std::move(p), blocking);
 }
 
-
 // ------------------------------------------------------------------ public forms
 
-WorkPtr Communicator::allreduce_async(const void* in, void* out, size_t count, DType t,
-                                      ReduceOp op, OpOptions o) {
+WorkPtr Communicator::allreduce_async(const void* in, void* out, size_t count, DType t, ReduceOp op,
+                                      OpOptions o) {
   return allreduce_impl(false, in, out, count, t, op, o);
 }
 void Communicator::allreduce(const void* in, void* out, size_t count, DType t, ReduceOp op,
@@ -710,8 +753,7 @@ WorkPtr Communicator::gather_async(const void* in, void* out, size_t count, DTyp
                                    OpOptions o) {
   return gather_impl(false, in, out, count, t, root, o);
 }
-void Communicator::gather(const void* in, void* out, size_t count, DType t, int root,
-                          OpOptions o) {
+void Communicator::gather(const void* in, void* out, size_t count, DType t, int root, OpOptions o) {
   gather_impl(true, in, out, count, t, root, o);
 }
 WorkPtr Communicator::scatter_async(const void* in, void* out, size_t count, DType t, int root,
@@ -729,8 +771,12 @@ WorkPtr Communicator::alltoall_async(const void* in, void* out, size_t count, DT
 void Communicator::alltoall(const void* in, void* out, size_t count, DType t, OpOptions o) {
   alltoall_impl(true, in, out, count, t, o);
 }
-WorkPtr Communicator::barrier_async(OpOptions o) { return barrier_impl(false, o); }
-void Communicator::barrier(OpOptions o) { barrier_impl(true, o); }
+WorkPtr Communicator::barrier_async(OpOptions o) {
+  return barrier_impl(false, o);
+}
+void Communicator::barrier(OpOptions o) {
+  barrier_impl(true, o);
+}
 WorkPtr Communicator::send_async(const void* buf, size_t count, DType t, int peer, OpOptions o) {
   return send_impl(false, buf, count, t, peer, o);
 }

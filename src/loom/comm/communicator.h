@@ -45,13 +45,13 @@
 namespace loom::comm {
 
 struct CommConfig {
-  std::string name = "world";  // distinguishes communicators (and generations) in the store
-  double timeout_s = 300;      // LOOM_TIMEOUT_S
+  std::string name = "world";      // distinguishes communicators (and generations) in the store
+  double timeout_s = 300;          // LOOM_TIMEOUT_S
   std::string transport = "auto";  // LOOM_TRANSPORT: auto | tcp
-  std::string host_id;         // LOOM_HOST_ID, else the machine's hostname + boot id
-  std::string listen_host;     // LOOM_ADDR, else the address that reaches the store
-  std::string token;           // LOOM_JOB_TOKEN (empty: no authentication possible)
-  Algo algo = Algo::kAuto;     // LOOM_ALGO
+  std::string host_id;             // LOOM_HOST_ID, else the machine's hostname + boot id
+  std::string listen_host;         // LOOM_ADDR, else the address that reaches the store
+  std::string token;               // LOOM_JOB_TOKEN (empty: no authentication possible)
+  Algo algo = Algo::kAuto;         // LOOM_ALGO
   CostModel model = CostModel::from_env();
   static CommConfig from_env();
 };
@@ -105,8 +105,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // ---- blocking forms ----
   void allreduce(const void* in, void* out, size_t count, DType t, ReduceOp op, OpOptions o = {});
   void allgather(const void* in, void* out, size_t count, DType t, OpOptions o = {});
-  void allgatherv(const void* in, void* out, std::vector<size_t> counts, DType t,
-                  OpOptions o = {});
+  void allgatherv(const void* in, void* out, std::vector<size_t> counts, DType t, OpOptions o = {});
   void reduce_scatter(const void* in, void* out, size_t count, DType t, ReduceOp op,
                       OpOptions o = {});
   void broadcast(void* buf, size_t count, DType t, int root, OpOptions o = {});
@@ -122,17 +121,17 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
  private:
   struct Op {
     Fingerprint fp;
-    size_t bytes = 0;         // size the tuning table sees
+    size_t bytes = 0;  // size the tuning table sees
     double timeout_s = 0;
-    int p2p_peer = -1;        // send/recv: the peer; sequence numbers are per peer
+    int p2p_peer = -1;  // send/recv: the peer; sequence numbers are per peer
     bool p2p_send = false;
     uint64_t seq = 0;
     std::function<void(Exec&)> body;
     WorkPtr work;
   };
 
-  Communicator(std::shared_ptr<Store> root_store, std::shared_ptr<Store> store, int rank,
-               int size, CommConfig cfg);
+  Communicator(std::shared_ptr<Store> root_store, std::shared_ptr<Store> store, int rank, int size,
+               CommConfig cfg);
   void connect(Deadline deadline);
 
   // One builder per collective; the public async and blocking forms both call it.
@@ -145,8 +144,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   WorkPtr reduce_scatter_impl(bool blocking, const void* in, void* out, size_t count, DType t,
                               ReduceOp op, OpOptions o);
   WorkPtr broadcast_impl(bool blocking, void* buf, size_t count, DType t, int root, OpOptions o);
-  WorkPtr reduce_impl(bool blocking, const void* in, void* out, size_t count, DType t,
-                      ReduceOp op, int root, OpOptions o);
+  WorkPtr reduce_impl(bool blocking, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                      int root, OpOptions o);
   WorkPtr gather_impl(bool blocking, const void* in, void* out, size_t count, DType t, int root,
                       OpOptions o);
   WorkPtr scatter_impl(bool blocking, const void* in, void* out, size_t count, DType t, int root,

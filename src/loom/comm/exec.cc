@@ -49,8 +49,7 @@ RecvReq* Exec::recv(int peer, void* dst, size_t bytes, const RecvReq* after) {
   return recv_reduce(peer, dst, nullptr, bytes, after);
 }
 
-RecvReq* Exec::recv_reduce(int peer, void* dst, const void* a, size_t bytes,
-                           const RecvReq* after) {
+RecvReq* Exec::recv_reduce(int peer, void* dst, const void* a, size_t bytes, const RecvReq* after) {
   LOOM_CHECK(peer != rank_ && peer >= 0 && peer < size_);
   RecvReq& r = recvs_.emplace_back();
   r.dst = dst;
@@ -114,9 +113,8 @@ void Exec::timed_out() {
     if (p && p->busy()) waiting += (waiting.empty() ? "" : ", ") + std::to_string(p->peer());
   throw PeerError(PeerError::Kind::kTimeout,
                   "rank " + std::to_string(rank_) + " timed out in " + fp_.str() +
-                      " at sequence number " + std::to_string(seq_) +
-                      " waiting for rank(s) " + waiting +
-                      " (deadline from LOOM_TIMEOUT_S or the call's timeout)");
+                      " at sequence number " + std::to_string(seq_) + " waiting for rank(s) " +
+                      waiting + " (deadline from LOOM_TIMEOUT_S or the call's timeout)");
 }
 
 void Exec::progress_until(const std::function<bool()>& done) {

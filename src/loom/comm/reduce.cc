@@ -13,11 +13,16 @@ template <typename T>
 inline T combine(T x, T y, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return static_cast<T>(x + y);
-    case ReduceOp::kProd: return static_cast<T>(x * y);
-    case ReduceOp::kMin: return std::min(x, y);
-    case ReduceOp::kMax: return std::max(x, y);
-    case ReduceOp::kCount: break;
+    case ReduceOp::kAvg:
+      return static_cast<T>(x + y);
+    case ReduceOp::kProd:
+      return static_cast<T>(x * y);
+    case ReduceOp::kMin:
+      return std::min(x, y);
+    case ReduceOp::kMax:
+      return std::max(x, y);
+    case ReduceOp::kCount:
+      break;
   }
   return x;
 }
@@ -39,7 +44,8 @@ inline void reduce_loop(T* __restrict__ d, const T* a, const T* b, size_t n, Red
     case ReduceOp::kMax:
       for (size_t i = 0; i < n; ++i) d[i] = a[i] > b[i] ? a[i] : b[i];
       break;
-    case ReduceOp::kCount: break;
+    case ReduceOp::kCount:
+      break;
   }
 }
 
@@ -75,18 +81,15 @@ LOOM_CLONES void reduce_f64(double* d, const double* a, const double* b, size_t 
   reduce_any(d, a, b, n, op);
 }
 
-LOOM_CLONES void reduce_i32(int32_t* d, const int32_t* a, const int32_t* b, size_t n,
-                            ReduceOp op) {
+LOOM_CLONES void reduce_i32(int32_t* d, const int32_t* a, const int32_t* b, size_t n, ReduceOp op) {
   reduce_any(d, a, b, n, op);
 }
 
-LOOM_CLONES void reduce_i64(int64_t* d, const int64_t* a, const int64_t* b, size_t n,
-                            ReduceOp op) {
+LOOM_CLONES void reduce_i64(int64_t* d, const int64_t* a, const int64_t* b, size_t n, ReduceOp op) {
   reduce_any(d, a, b, n, op);
 }
 
-LOOM_CLONES void reduce_u8(uint8_t* d, const uint8_t* a, const uint8_t* b, size_t n,
-                           ReduceOp op) {
+LOOM_CLONES void reduce_u8(uint8_t* d, const uint8_t* a, const uint8_t* b, size_t n, ReduceOp op) {
   reduce_any(d, a, b, n, op);
 }
 
@@ -98,8 +101,7 @@ LOOM_CLONES void reduce_bf16(uint16_t* d, const uint16_t* a, const uint16_t* b, 
 
 LOOM_CLONES void reduce_f16(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n,
                             ReduceOp op) {
-  for (size_t i = 0; i < n; ++i)
-    d[i] = f32_to_f16(combine(f16_to_f32(a[i]), f16_to_f32(b[i]), op));
+  for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(combine(f16_to_f32(a[i]), f16_to_f32(b[i]), op));
 }
 
 template <typename T>
@@ -109,8 +111,7 @@ void divide(T* p, size_t n, int by) {
 
 }  // namespace
 
-void reduce_into(void* dst, const void* a, const void* b, size_t count, DType dtype,
-                 ReduceOp op) {
+void reduce_into(void* dst, const void* a, const void* b, size_t count, DType dtype, ReduceOp op) {
   if (count == 0) return;
   switch (dtype) {
     case DType::kF32:
@@ -134,18 +135,24 @@ void reduce_into(void* dst, const void* a, const void* b, size_t count, DType dt
     case DType::kF16:
       return reduce_f16(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
                         static_cast<const uint16_t*>(b), count, op);
-    case DType::kCount: break;
+    case DType::kCount:
+      break;
   }
   LOOM_CHECK_MSG(false, "unknown dtype");
 }
 
 void finish_avg(void* buf, size_t count, DType dtype, int n) {
   switch (dtype) {
-    case DType::kF32: return divide(static_cast<float*>(buf), count, n);
-    case DType::kF64: return divide(static_cast<double*>(buf), count, n);
-    case DType::kI32: return divide(static_cast<int32_t*>(buf), count, n);
-    case DType::kI64: return divide(static_cast<int64_t*>(buf), count, n);
-    case DType::kU8: return divide(static_cast<uint8_t*>(buf), count, n);
+    case DType::kF32:
+      return divide(static_cast<float*>(buf), count, n);
+    case DType::kF64:
+      return divide(static_cast<double*>(buf), count, n);
+    case DType::kI32:
+      return divide(static_cast<int32_t*>(buf), count, n);
+    case DType::kI64:
+      return divide(static_cast<int64_t*>(buf), count, n);
+    case DType::kU8:
+      return divide(static_cast<uint8_t*>(buf), count, n);
     case DType::kBF16: {
       auto* p = static_cast<uint16_t*>(buf);
       for (size_t i = 0; i < count; ++i) p[i] = f32_to_bf16(bf16_to_f32(p[i]) / n);
@@ -156,7 +163,8 @@ void finish_avg(void* buf, size_t count, DType dtype, int n) {
       for (size_t i = 0; i < count; ++i) p[i] = f32_to_f16(f16_to_f32(p[i]) / n);
       return;
     }
-    case DType::kCount: break;
+    case DType::kCount:
+      break;
   }
 }
 

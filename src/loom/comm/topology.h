@@ -10,11 +10,11 @@ namespace loom::comm {
 
 struct Topology {
   int size = 1;
-  std::vector<int> host_of;                // rank -> host index (hosts in order of first rank)
-  std::vector<std::vector<int>> hosts;     // host index -> its ranks, ascending
-  std::vector<bool> shm_with;              // (filled per rank) peer reachable by shm
-  bool force_tcp = false;                  // LOOM_TRANSPORT=tcp
-  bool oversubscribed = false;             // more ranks on this host than cores
+  std::vector<int> host_of;             // rank -> host index (hosts in order of first rank)
+  std::vector<std::vector<int>> hosts;  // host index -> its ranks, ascending
+  std::vector<bool> shm_with;           // (filled per rank) peer reachable by shm
+  bool force_tcp = false;               // LOOM_TRANSPORT=tcp
+  bool oversubscribed = false;          // more ranks on this host than cores
 
   int nhosts() const { return static_cast<int>(hosts.size()); }
   int max_local() const;

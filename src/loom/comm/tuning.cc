@@ -15,7 +15,9 @@ const DoubleTunable kShmGbps("LOOM_SHM_GBPS", 12.0, "cost-model bandwidth of shm
 const DoubleTunable kTcpAlpha("LOOM_TCP_ALPHA_US", 30.0, "cost-model latency of one TCP step, us");
 const DoubleTunable kTcpGbps("LOOM_TCP_GBPS", 1.7, "cost-model bandwidth of TCP, GB/s");
 
-bool is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
+bool is_pow2(int n) {
+  return n > 0 && (n & (n - 1)) == 0;
+}
 int ceil_log2(int n) {
   int l = 0;
   while ((1 << l) < n) ++l;
@@ -62,15 +64,20 @@ std::vector<Algo> valid_algos(OpKind op, const Topology& topo) {
       if (is_pow2(n)) v.push_back(Algo::kRd);
       return v;
     }
-    case OpKind::kBroadcast: return {Algo::kTree, Algo::kDirect, Algo::kRing};
-    case OpKind::kReduce: return {Algo::kTree, Algo::kDirect};
+    case OpKind::kBroadcast:
+      return {Algo::kTree, Algo::kDirect, Algo::kRing};
+    case OpKind::kReduce:
+      return {Algo::kTree, Algo::kDirect};
     case OpKind::kGather:
     case OpKind::kScatter:
     case OpKind::kAlltoall:
     case OpKind::kSendRecv:
-    case OpKind::kSplit: return {Algo::kDirect};
-    case OpKind::kBarrier: return {Algo::kRd};
-    case OpKind::kCount: break;
+    case OpKind::kSplit:
+      return {Algo::kDirect};
+    case OpKind::kBarrier:
+      return {Algo::kRd};
+    case OpKind::kCount:
+      break;
   }
   return {};
 }
@@ -96,34 +103,41 @@ double predict_us(OpKind op, Algo algo, size_t bytes, const Topology& topo, cons
   switch (op) {
     case OpKind::kAllreduce:
       switch (algo) {
-        case Algo::kRing: return 2.0 * (n - 1) * (alpha + B / n * us_per_byte);
-        case Algo::kRd: return rd_steps * (alpha + pass * B * us_per_byte);
+        case Algo::kRing:
+          return 2.0 * (n - 1) * (alpha + B / n * us_per_byte);
+        case Algo::kRd:
+          return rd_steps * (alpha + pass * B * us_per_byte);
         case Algo::kDirect:
           return alpha + 0.25 * alpha * (n - 2) + pass * (n - 1) * B * us_per_byte;
-        case Algo::kTree: return 2.0 * L * alpha + 2.5 * B * us_per_byte;
+        case Algo::kTree:
+          return 2.0 * L * alpha + 2.5 * B * us_per_byte;
         case Algo::kHier: {
           int h = topo.nhosts(), k = topo.max_local();
           double local = 2.0 * (m.shm.alpha_us + (k - 1) * B * 1e-3 / m.shm.gbps);
           double inter = 2.0 * (h - 1) * (m.tcp.alpha_us + B / h * 1e-3 / m.tcp.gbps);
           return std::max(local, inter) + m.tcp.alpha_us * 2;  // pipelined: the slower level
         }
-        default: break;
+        default:
+          break;
       }
       break;
     case OpKind::kAllgather:
     case OpKind::kReduceScatter:
       switch (algo) {
-        case Algo::kRing: return (n - 1) * (alpha + B / n * us_per_byte);
-        case Algo::kRd: return L * alpha + (n - 1) * B / n * us_per_byte;
+        case Algo::kRing:
+          return (n - 1) * (alpha + B / n * us_per_byte);
+        case Algo::kRd:
+          return L * alpha + (n - 1) * B / n * us_per_byte;
         case Algo::kDirect:
-          return alpha + 0.25 * alpha * (n - 2) + (n - 1) * B / n * us_per_byte *
-                                                      (topo.all_shm() ? 1.0 : 1.1);
+          return alpha + 0.25 * alpha * (n - 2) +
+                 (n - 1) * B / n * us_per_byte * (topo.all_shm() ? 1.0 : 1.1);
         case Algo::kHier: {
           int h = topo.nhosts();
           return 2 * m.shm.alpha_us + B * 1e-3 / m.shm.gbps + m.tcp.alpha_us +
                  (h - 1) * B / h * 1e-3 / m.tcp.gbps;
         }
-        default: break;
+        default:
+          break;
       }
       break;
     case OpKind::kBroadcast:
@@ -132,14 +146,17 @@ double predict_us(OpKind op, Algo algo, size_t bytes, const Topology& topo, cons
       switch (algo) {
         case Algo::kTree:
           return L * alpha + B * us_per_byte + (L - 1) * std::min(B, chunk) * us_per_byte;
-        case Algo::kDirect: return alpha + (n - 1) * B * us_per_byte;
+        case Algo::kDirect:
+          return alpha + (n - 1) * B * us_per_byte;
         case Algo::kRing:
           return (n - 1) * alpha + B * us_per_byte + (n - 2) * std::min(B, chunk) * us_per_byte;
-        default: break;
+        default:
+          break;
       }
       break;
     }
-    default: return alpha + B * us_per_byte;
+    default:
+      return alpha + B * us_per_byte;
   }
   return std::numeric_limits<double>::infinity();
 }
@@ -147,8 +164,7 @@ double predict_us(OpKind op, Algo algo, size_t bytes, const Topology& topo, cons
 Algo choose_algo(OpKind op, size_t bytes, const Topology& topo, const CostModel& m,
                  Algo requested) {
   std::vector<Algo> valid = valid_algos(op, topo);
-  if (requested != Algo::kAuto &&
-      std::find(valid.begin(), valid.end(), requested) != valid.end())
+  if (requested != Algo::kAuto && std::find(valid.begin(), valid.end(), requested) != valid.end())
     return requested;
   Algo best = valid.front();
   double best_t = std::numeric_limits<double>::infinity();

@@ -31,7 +31,6 @@ struct CostModel {
 std::vector<Algo> valid_algos(OpKind op, const Topology& topo);
 double predict_us(OpKind op, Algo algo, size_t bytes, const Topology& topo, const CostModel& m);
 // `requested` = kAuto, or an override that is used when valid for this op and topology.
-Algo choose_algo(OpKind op, size_t bytes, const Topology& topo, const CostModel& m,
-                 Algo requested);
+Algo choose_algo(OpKind op, size_t bytes, const Topology& topo, const CostModel& m, Algo requested);
 
 }  // namespace loom::comm

@@ -4,43 +4,68 @@ namespace loom::comm {
 
 const char* op_name(OpKind op) {
   switch (op) {
-    case OpKind::kAllreduce: return "allreduce";
-    case OpKind::kAllgather: return "allgather";
-    case OpKind::kReduceScatter: return "reduce_scatter";
-    case OpKind::kBroadcast: return "broadcast";
-    case OpKind::kReduce: return "reduce";
-    case OpKind::kGather: return "gather";
-    case OpKind::kScatter: return "scatter";
-    case OpKind::kAlltoall: return "alltoall";
-    case OpKind::kBarrier: return "barrier";
-    case OpKind::kSendRecv: return "send/recv";
-    case OpKind::kSplit: return "split";
-    case OpKind::kCount: break;
+    case OpKind::kAllreduce:
+      return "allreduce";
+    case OpKind::kAllgather:
+      return "allgather";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kGather:
+      return "gather";
+    case OpKind::kScatter:
+      return "scatter";
+    case OpKind::kAlltoall:
+      return "alltoall";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kSendRecv:
+      return "send/recv";
+    case OpKind::kSplit:
+      return "split";
+    case OpKind::kCount:
+      break;
   }
   return "?";
 }
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProd: return "prod";
-    case ReduceOp::kCount: break;
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kProd:
+      return "prod";
+    case ReduceOp::kCount:
+      break;
   }
   return "?";
 }
 
 const char* algo_name(Algo a) {
   switch (a) {
-    case Algo::kAuto: return "auto";
-    case Algo::kRing: return "ring";
-    case Algo::kDirect: return "direct";
-    case Algo::kTree: return "tree";
-    case Algo::kRd: return "rd";
-    case Algo::kHier: return "hier";
-    case Algo::kCount: break;
+    case Algo::kAuto:
+      return "auto";
+    case Algo::kRing:
+      return "ring";
+    case Algo::kDirect:
+      return "direct";
+    case Algo::kTree:
+      return "tree";
+    case Algo::kRd:
+      return "rd";
+    case Algo::kHier:
+      return "hier";
+    case Algo::kCount:
+      break;
   }
   return "?";
 }

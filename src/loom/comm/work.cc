@@ -4,7 +4,9 @@
 
 namespace loom::comm {
 
-void Work::wait() { wait(Deadline::never()); }
+void Work::wait() {
+  wait(Deadline::never());
+}
 
 void Work::wait(Deadline deadline) {
   if (!test()) {

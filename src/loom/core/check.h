@@ -22,21 +22,21 @@ template <typename A, typename B>
 
 }  // namespace loom::detail
 
-#define LOOM_CHECK(cond)                                                   \
-  do {                                                                     \
+#define LOOM_CHECK(cond)                                                      \
+  do {                                                                        \
     if (!(cond)) ::loom::detail::check_failed(__FILE__, __LINE__, #cond, ""); \
   } while (0)
 
-#define LOOM_CHECK_MSG(cond, msg)                                             \
-  do {                                                                        \
+#define LOOM_CHECK_MSG(cond, msg)                                                \
+  do {                                                                           \
     if (!(cond)) ::loom::detail::check_failed(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)
 
-#define LOOM_CHECK_OP_(a, b, op)                                                    \
-  do {                                                                              \
-    const auto& loom_a_ = (a);                                                      \
-    const auto& loom_b_ = (b);                                                      \
-    if (!(loom_a_ op loom_b_))                                                      \
+#define LOOM_CHECK_OP_(a, b, op)                                                             \
+  do {                                                                                       \
+    const auto& loom_a_ = (a);                                                               \
+    const auto& loom_b_ = (b);                                                               \
+    if (!(loom_a_ op loom_b_))                                                               \
       ::loom::detail::check_failed(__FILE__, __LINE__, #a " " #op " " #b, loom_a_, loom_b_); \
   } while (0)
 

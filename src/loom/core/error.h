@@ -20,8 +20,7 @@ class Error : public std::runtime_error {
 
 class UserError : public Error {
  public:
-  UserError(const std::string& what, std::string hint)
-      : Error(what), hint_(std::move(hint)) {}
+  UserError(const std::string& what, std::string hint) : Error(what), hint_(std::move(hint)) {}
   const std::string& hint() const { return hint_; }
 
  private:

@@ -52,11 +52,16 @@ std::mutex g_write_mu;
 
 const char* level_name(Level l) {
   switch (l) {
-    case Level::kDebug: return "DEBUG";
-    case Level::kInfo: return "INFO";
-    case Level::kWarn: return "WARN";
-    case Level::kError: return "ERROR";
-    case Level::kOff: return "OFF";
+    case Level::kDebug:
+      return "DEBUG";
+    case Level::kInfo:
+      return "INFO";
+    case Level::kWarn:
+      return "WARN";
+    case Level::kError:
+      return "ERROR";
+    case Level::kOff:
+      return "OFF";
   }
   return "?";
 }
@@ -77,10 +82,12 @@ void write(std::string_view subsys, Level level, const std::string& msg) {
     std::fprintf(stderr, "[loom rank %d] %s %.*s: %s\n", r, level_name(level),
                  static_cast<int>(subsys.size()), subsys.data(), msg.c_str());
   else
-    std::fprintf(stderr, "[loom] %s %.*s: %s\n", level_name(level),
-                 static_cast<int>(subsys.size()), subsys.data(), msg.c_str());
+    std::fprintf(stderr, "[loom] %s %.*s: %s\n", level_name(level), static_cast<int>(subsys.size()),
+                 subsys.data(), msg.c_str());
 }
 
-void set_rank(int rank) { g_rank.store(rank, std::memory_order_relaxed); }
+void set_rank(int rank) {
+  g_rank.store(rank, std::memory_order_relaxed);
+}
 
 }  // namespace loom::log

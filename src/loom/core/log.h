@@ -37,7 +37,7 @@ class Line {
 
 }  // namespace loom::log
 
-#define LOOM_LOG(level, subsys)                                          \
-  if (!::loom::log::enabled(subsys, ::loom::log::Level::level)) {        \
-  } else                                                                 \
+#define LOOM_LOG(level, subsys)                                   \
+  if (!::loom::log::enabled(subsys, ::loom::log::Level::level)) { \
+  } else                                                          \
     ::loom::log::Line(subsys, ::loom::log::Level::level)

@@ -19,7 +19,9 @@ std::mutex& registry_mu() {
 }
 }  // namespace
 
-const std::vector<TunableInfo>& all_tunables() { return registry(); }
+const std::vector<TunableInfo>& all_tunables() {
+  return registry();
+}
 
 namespace detail {
 void register_tunable(TunableInfo info) {
@@ -85,11 +87,16 @@ uint64_t parse_bytes(const std::string& text, const std::string& what) {
   std::string unit = text.substr(i);
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   uint64_t mul = 1;
-  if (unit.empty() || unit == "B") mul = 1;
-  else if (unit == "K" || unit == "KB" || unit == "KIB") mul = 1ull << 10;
-  else if (unit == "M" || unit == "MB" || unit == "MIB") mul = 1ull << 20;
-  else if (unit == "G" || unit == "GB" || unit == "GIB") mul = 1ull << 30;
-  else throw bad();
+  if (unit.empty() || unit == "B")
+    mul = 1;
+  else if (unit == "K" || unit == "KB" || unit == "KIB")
+    mul = 1ull << 10;
+  else if (unit == "M" || unit == "MB" || unit == "MIB")
+    mul = 1ull << 20;
+  else if (unit == "G" || unit == "GB" || unit == "GIB")
+    mul = 1ull << 30;
+  else
+    throw bad();
   return v * mul;
 }
 

@@ -20,7 +20,8 @@ namespace loom::launch {
 
 std::string RankExit::describe() const {
   std::string s = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ")";
-  if (signal) return s + " was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
+  if (signal)
+    return s + " was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
   return s + " exited with code " + std::to_string(exit_code);
 }
 
@@ -112,8 +113,10 @@ LaunchResult run_local(const LaunchOptions& opts) {
         done[q] = true;
         --alive;
         RankExit& e = result.ranks[q];
-        if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
-        else e.exit_code = WEXITSTATUS(status);
+        if (WIFSIGNALED(status))
+          e.signal = WTERMSIG(status);
+        else
+          e.exit_code = WEXITSTATUS(status);
         bool failed = e.signal != 0 || e.exit_code != 0;
         if (failed && !e.killed_by_launcher && result.first_failure < 0) {
           result.first_failure = q;

@@ -26,14 +26,14 @@ struct RankExit {
 
 struct LaunchOptions {
   int nprocs = 1;
-  std::vector<std::string> argv;            // program and arguments, same for every rank
-  std::map<std::string, std::string> env;   // extra variables for every rank
+  std::vector<std::string> argv;           // program and arguments, same for every rank
+  std::map<std::string, std::string> env;  // extra variables for every rank
   std::string store_host = "127.0.0.1";
-  double grace_seconds = 5;                 // between SIGTERM and SIGKILL on teardown
-  double timeout_seconds = 0;               // 0: none; else the whole job is killed after it
-  bool fail_fast = true;     // tear the job down when a rank fails (tests of the ranks' own
-                             // failure detection turn this off)
-  std::string log_dir;       // if set, rank r's stdout+stderr go to <log_dir>/rank<r>.log
+  double grace_seconds = 5;    // between SIGTERM and SIGKILL on teardown
+  double timeout_seconds = 0;  // 0: none; else the whole job is killed after it
+  bool fail_fast = true;       // tear the job down when a rank fails (tests of the ranks' own
+                               // failure detection turn this off)
+  std::string log_dir;         // if set, rank r's stdout+stderr go to <log_dir>/rank<r>.log
 };
 
 struct LaunchResult {

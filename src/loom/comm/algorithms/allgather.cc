@@ -57,8 +57,8 @@ void allgather_rd(Exec& x, const void* in, void* out, const Blocks& b) {
     int partner = r ^ mask;
     int mine = r & ~(mask - 1), theirs = partner & ~(mask - 1);
     auto span = [&](int first) {
-      return std::pair<size_t, size_t>(b.off[first],
-                                       b.off[first + mask - 1] + b.len[first + mask - 1] - b.off[first]);
+      return std::pair<size_t, size_t>(
+          b.off[first], b.off[first + mask - 1] + b.len[first + mask - 1] - b.off[first]);
     };
     auto [mo, ml] = span(mine);
     auto [to, tl] = span(theirs);

@@ -5,11 +5,15 @@
 
 namespace loom::comm::algo {
 
-inline std::byte* at(void* p, size_t off) { return static_cast<std::byte*>(p) + off; }
+inline std::byte* at(void* p, size_t off) {
+  return static_cast<std::byte*>(p) + off;
+}
 inline const std::byte* at(const void* p, size_t off) {
   return static_cast<const std::byte*>(p) + off;
 }
-inline int mod(int a, int n) { return ((a % n) + n) % n; }
+inline int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
 inline int largest_pow2_at_most(int n) {
   int p = 1;
   while (p * 2 <= n) p *= 2;

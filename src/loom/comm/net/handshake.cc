@@ -34,9 +34,9 @@ void client_handshake(int fd, const std::string& token, const std::string& purpo
   ServerHello sh{};
   recv_all(fd, &sh, sizeof sh, deadline, "server (handshake)");
   if (std::memcmp(sh.magic, kMagic, 4) != 0 || sh.version != kVersion)
-    throw PeerError(PeerError::Kind::kProtocol,
-                    "handshake: the other side is not a loom " + purpose + " endpoint (version " +
-                        std::to_string(sh.version) + ")");
+    throw PeerError(PeerError::Kind::kProtocol, "handshake: the other side is not a loom " +
+                                                    purpose + " endpoint (version " +
+                                                    std::to_string(sh.version) + ")");
   ClientHello ch{};
   std::memcpy(ch.magic, kMagic, 4);
   ch.version = kVersion;
@@ -47,9 +47,9 @@ void client_handshake(int fd, const std::string& token, const std::string& purpo
   try {
     recv_all(fd, &server_proof, sizeof server_proof, deadline, "server (handshake)");
   } catch (const PeerError& e) {
-    throw PeerError(PeerError::Kind::kProtocol,
-                    "the " + purpose + " server refused this connection: wrong job token? (" +
-                        e.what() + ")");
+    throw PeerError(
+        PeerError::Kind::kProtocol,
+        "the " + purpose + " server refused this connection: wrong job token? (" + e.what() + ")");
   }
   if (!digest_equal(server_proof, auth_proof(token, purpose, ch.nonce, "server")))
     throw PeerError(PeerError::Kind::kProtocol,

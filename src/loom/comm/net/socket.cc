@@ -142,9 +142,9 @@ Fd connect_to(const HostPort& addr, Deadline deadline, const std::string& who) {
       last = errno_text(errno);
     }
     if (deadline.expired())
-      throw PeerError(PeerError::Kind::kTimeout,
-                      "could not connect to " + who + " at " + addr.str() + " before the deadline (" +
-                          last + ")");
+      throw PeerError(PeerError::Kind::kTimeout, "could not connect to " + who + " at " +
+                                                     addr.str() + " before the deadline (" + last +
+                                                     ")");
     std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
     backoff_ms = std::min(backoff_ms * 2, 100);
   }
@@ -206,10 +206,10 @@ void recv_all(int fd, void* buf, size_t n, Deadline deadline, const std::string&
       n -= static_cast<size_t>(r);
       continue;
     }
-    if (r == 0)
-      throw PeerError(PeerError::Kind::kClosed, who + " closed the connection");
+    if (r == 0) throw PeerError(PeerError::Kind::kClosed, who + " closed the connection");
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-      throw PeerError(PeerError::Kind::kClosed, "receive from " + who + " failed: " + errno_text(errno));
+      throw PeerError(PeerError::Kind::kClosed,
+                      "receive from " + who + " failed: " + errno_text(errno));
     pollfd pfd{fd, POLLIN, 0};
     if (::poll(&pfd, 1, deadline.remaining_ms(100)) == 0 && deadline.expired())
       throw PeerError(PeerError::Kind::kTimeout, "receive from " + who + " timed out");

@@ -79,6 +79,8 @@ bool MemoryStore::check(const std::vector<std::string>& keys) {
                      [&](const std::string& k) { return table_->kv.count(k) > 0; });
 }
 
-std::unique_ptr<Store> MemoryStore::clone() { return std::make_unique<MemoryStore>(table_); }
+std::unique_ptr<Store> MemoryStore::clone() {
+  return std::make_unique<MemoryStore>(table_);
+}
 
 }  // namespace loom::comm

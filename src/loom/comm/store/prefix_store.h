@@ -30,9 +30,7 @@ class PrefixStore : public Store {
   void wait(const std::vector<std::string>& keys, Deadline deadline) override {
     base_->wait(prefixed(keys), deadline);
   }
-  bool check(const std::vector<std::string>& keys) override {
-    return base_->check(prefixed(keys));
-  }
+  bool check(const std::vector<std::string>& keys) override { return base_->check(prefixed(keys)); }
   std::unique_ptr<Store> clone() override {
     return std::make_unique<PrefixStore>(prefix_.substr(0, prefix_.size() - 1), base_->clone());
   }

@@ -102,7 +102,8 @@ void TcpStoreServer::serve(Conn& conn) {
       if (r.status != wire::Status::kOk) {
         ++refused_;
         LOOM_LOG(kWarn, "store") << "closed connection from " << who << ": "
-                                 << (r.status == wire::Status::kOversized ? "oversized" : "malformed")
+                                 << (r.status == wire::Status::kOversized ? "oversized"
+                                                                          : "malformed")
                                  << " message (" << why << ")";
         break;
       }
@@ -135,17 +136,30 @@ wire::Message TcpStoreServer::execute(const wire::Message& req) {
   };
   try {
     switch (req.code) {
-      case wire::Code::kSet: local_.set(s[0], s[1]); break;
+      case wire::Code::kSet:
+        local_.set(s[0], s[1]);
+        break;
       case wire::Code::kGet:
         wait_keys({s[0]});
         rep.strings.push_back(local_.get(s[0], Deadline::never()));
         break;
-      case wire::Code::kAdd: rep.number = local_.add(s[0], req.number); break;
-      case wire::Code::kCompareSet: rep.strings.push_back(local_.compare_set(s[0], s[1], s[2])); break;
-      case wire::Code::kRemove: rep.number = local_.remove(s[0]) ? 1 : 0; break;
-      case wire::Code::kWait: wait_keys(s); break;
-      case wire::Code::kCheck: rep.number = local_.check(s) ? 1 : 0; break;
-      default: break;
+      case wire::Code::kAdd:
+        rep.number = local_.add(s[0], req.number);
+        break;
+      case wire::Code::kCompareSet:
+        rep.strings.push_back(local_.compare_set(s[0], s[1], s[2]));
+        break;
+      case wire::Code::kRemove:
+        rep.number = local_.remove(s[0]) ? 1 : 0;
+        break;
+      case wire::Code::kWait:
+        wait_keys(s);
+        break;
+      case wire::Code::kCheck:
+        rep.number = local_.check(s) ? 1 : 0;
+        break;
+      default:
+        break;
     }
   } catch (const PeerError& e) {
     rep.code = e.kind() == PeerError::Kind::kTimeout ? wire::Code::kTimeout : wire::Code::kError;
@@ -170,8 +184,8 @@ wire::Message TcpStore::call(const wire::Message& req, Deadline deadline) {
   std::lock_guard<std::mutex> lock(mu_);
   std::string who = "the rendezvous store at " + server_.str();
   std::string out = wire::encode(req);
-  Deadline io = Deadline::after_seconds(std::max(0.0, deadline.remaining_seconds()) +
-                                        kReplySlackSeconds);
+  Deadline io =
+      Deadline::after_seconds(std::max(0.0, deadline.remaining_seconds()) + kReplySlackSeconds);
   try {
     net::send_all(fd_.get(), out.data(), out.size(), io, who);
     uint32_t len = 0;
@@ -186,7 +200,8 @@ wire::Message TcpStore::call(const wire::Message& req, Deadline deadline) {
     if (r.status != wire::Status::kOk)
       throw PeerError(PeerError::Kind::kProtocol, who + " sent a malformed reply: " + r.error);
     if (rep.code == wire::Code::kTimeout)
-      throw PeerError(PeerError::Kind::kTimeout, rep.strings.empty() ? "store timeout" : rep.strings[0]);
+      throw PeerError(PeerError::Kind::kTimeout,
+                      rep.strings.empty() ? "store timeout" : rep.strings[0]);
     if (rep.code == wire::Code::kError)
       throw PeerError(PeerError::Kind::kProtocol,
                       "store error: " + (rep.strings.empty() ? std::string("?") : rep.strings[0]));

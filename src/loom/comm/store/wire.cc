@@ -97,19 +97,28 @@ bool valid_request(const Message& m, std::string& why) {
   size_t n = m.strings.size();
   bool ok = false;
   switch (m.code) {
-    case Code::kSet: ok = n == 2; break;
+    case Code::kSet:
+      ok = n == 2;
+      break;
     case Code::kGet:
     case Code::kAdd:
-    case Code::kRemove: ok = n == 1; break;
-    case Code::kCompareSet: ok = n == 3; break;
+    case Code::kRemove:
+      ok = n == 1;
+      break;
+    case Code::kCompareSet:
+      ok = n == 3;
+      break;
     case Code::kWait:
-    case Code::kCheck: ok = n >= 1; break;
+    case Code::kCheck:
+      ok = n >= 1;
+      break;
     default:
       why = "unknown request code " + std::to_string(static_cast<int>(m.code));
       return false;
   }
-  if (!ok) why = "request code " + std::to_string(static_cast<int>(m.code)) + " with " +
-                 std::to_string(n) + " strings";
+  if (!ok)
+    why = "request code " + std::to_string(static_cast<int>(m.code)) + " with " +
+          std::to_string(n) + " strings";
   return ok;
 }
 

@@ -8,8 +8,8 @@
 namespace loom::comm {
 
 std::string Fingerprint::str() const {
-  std::string s = std::string(op_name(op)) + "(" + dtype_name(dtype) + ", count=" +
-                  std::to_string(count);
+  std::string s =
+      std::string(op_name(op)) + "(" + dtype_name(dtype) + ", count=" + std::to_string(count);
   if (op == OpKind::kAllreduce || op == OpKind::kReduce || op == OpKind::kReduceScatter)
     s += std::string(", op=") + reduce_op_name(redop);
   if (root >= 0) s += ", root=" + std::to_string(root);

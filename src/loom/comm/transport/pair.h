@@ -14,10 +14,10 @@
 // lengths are multiples of the element size.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
 #include <poll.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <string>
 #include <vector>

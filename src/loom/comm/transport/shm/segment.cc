@@ -44,7 +44,7 @@ Segment Segment::create(size_t bytes) {
 Segment Segment::open(const std::string& name) {
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) throw Error("shm_open(" + name + ") failed: " + errno_text(errno));
-  struct stat st{};
+  struct stat st {};
   ::fstat(fd, &st);
   size_t bytes = static_cast<size_t>(st.st_size);
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);

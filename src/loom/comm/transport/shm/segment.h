@@ -13,8 +13,8 @@ namespace loom::comm::shm {
 
 class Segment {
  public:
-  static Segment create(size_t bytes);            // new name, zero-filled, pages populated
-  static Segment open(const std::string& name);   // existing segment
+  static Segment create(size_t bytes);           // new name, zero-filled, pages populated
+  static Segment open(const std::string& name);  // existing segment
   Segment(Segment&& o) noexcept;
   Segment& operator=(Segment&& o) noexcept;
   Segment(const Segment&) = delete;
@@ -27,7 +27,8 @@ class Segment {
   void unlink();  // idempotent; ENOENT is fine
 
  private:
-  Segment(std::string name, void* base, size_t size) : name_(std::move(name)), base_(base), size_(size) {}
+  Segment(std::string name, void* base, size_t size)
+      : name_(std::move(name)), base_(base), size_(size) {}
   std::string name_;
   void* base_ = nullptr;
   size_t size_ = 0;

@@ -35,8 +35,7 @@ uint64_t* tail_of(void* base, int ring) {
   return reinterpret_cast<uint64_t*>(static_cast<std::byte*>(base) + kCtlOffset + ring * 256);
 }
 uint64_t* head_of(void* base, int ring) {
-  return reinterpret_cast<uint64_t*>(static_cast<std::byte*>(base) + kCtlOffset + ring * 256 +
-                                     128);
+  return reinterpret_cast<uint64_t*>(static_cast<std::byte*>(base) + kCtlOffset + ring * 256 + 128);
 }
 std::byte* data_of(void* base, int ring, size_t ring_bytes) {
   return static_cast<std::byte*>(base) + kDataOffset + ring * ring_bytes;
@@ -48,7 +47,9 @@ inline uint64_t load_acquire(uint64_t* p) {
 inline void store_release(uint64_t* p, uint64_t v) {
   std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release);
 }
-inline uint64_t round_up(uint64_t v) { return (v + kSlot - 1) & ~(kSlot - 1); }
+inline uint64_t round_up(uint64_t v) {
+  return (v + kSlot - 1) & ~(kSlot - 1);
+}
 
 }  // namespace
 
@@ -60,7 +61,9 @@ size_t ShmPair::default_ring_bytes() {
   return v;
 }
 
-size_t ShmPair::segment_bytes(size_t ring_bytes) { return kDataOffset + 2 * ring_bytes; }
+size_t ShmPair::segment_bytes(size_t ring_bytes) {
+  return kDataOffset + 2 * ring_bytes;
+}
 
 void ShmPair::format(shm::Segment& seg, size_t ring_bytes) {
   auto* h = static_cast<SegHeader*>(seg.data());
@@ -99,8 +102,8 @@ void ShmPair::check_peer() {
   int pid = std::atomic_ref<int32_t>(h->pid[other]).load(std::memory_order_acquire);
   if (pid != 0 && pid != ::getpid() && !shm::pid_alive(pid))
     throw PeerError(PeerError::Kind::kDead,
-                    "rank " + std::to_string(self_) + ": rank " + std::to_string(peer_) +
-                        " (pid " + std::to_string(pid) + ") died",
+                    "rank " + std::to_string(self_) + ": rank " + std::to_string(peer_) + " (pid " +
+                        std::to_string(pid) + ") died",
                     peer_);
   if (std::atomic_ref<uint32_t>(h->closed[other]).load(std::memory_order_acquire))
     throw PeerError(PeerError::Kind::kClosed,
@@ -121,7 +124,9 @@ bool ShmPair::progress_send() {
   while (!sends_.empty()) {
     SendReq& r = *sends_.front();
     uint64_t free = ring_bytes_ - (tx_pos_ - tx_head_seen_);
-    size_t need = r.progress == 0 ? kSlot : std::min<size_t>(chunk_, round_up(r.bytes - (r.progress - kSlot)));
+    size_t need = r.progress == 0
+                      ? kSlot
+                      : std::min<size_t>(chunk_, round_up(r.bytes - (r.progress - kSlot)));
     if (free < need) {
       tx_head_seen_ = load_acquire(tx_head_);
       free = ring_bytes_ - (tx_pos_ - tx_head_seen_);

@@ -46,8 +46,8 @@ class ShmPair : public Pair {
   std::byte* tx_data_;
   uint64_t* tx_tail_;
   uint64_t* tx_head_;
-  uint64_t tx_pos_ = 0;          // our tail, mirrored locally
-  uint64_t tx_head_seen_ = 0;    // last head we read from the consumer
+  uint64_t tx_pos_ = 0;        // our tail, mirrored locally
+  uint64_t tx_head_seen_ = 0;  // last head we read from the consumer
   // Consumer side of the incoming ring.
   std::byte* rx_data_;
   uint64_t* rx_tail_;

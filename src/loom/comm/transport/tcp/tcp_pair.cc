@@ -12,17 +12,21 @@
 
 namespace loom::comm {
 namespace {
-const IntTunable kTcpStaging("LOOM_TCP_STAGING", 256 << 10,
-                             "bytes of the per-stream staging buffer for reducing receives over TCP");
-const IntTunable kTcpSockBuf("LOOM_TCP_SOCKBUF", 4 << 20,
-                             "SO_SNDBUF/SO_RCVBUF for transport sockets, bytes (0 = kernel default)");
+const IntTunable kTcpStaging(
+    "LOOM_TCP_STAGING", 256 << 10,
+    "bytes of the per-stream staging buffer for reducing receives over TCP");
+const IntTunable kTcpSockBuf(
+    "LOOM_TCP_SOCKBUF", 4 << 20,
+    "SO_SNDBUF/SO_RCVBUF for transport sockets, bytes (0 = kernel default)");
 const IntTunable kTcpStreams("LOOM_TCP_STREAMS", 2, "TCP connections per pair of ranks (1..8)");
 const IntTunable kTcpStripe("LOOM_TCP_STRIPE", 512 << 10,
                             "bytes of payload per stripe when a pair has several TCP streams");
 
 constexpr size_t kHdr = sizeof(FrameHeader);
 
-bool would_block() { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR; }
+bool would_block() {
+  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
 }  // namespace
 
 int TcpPair::default_streams() {
@@ -61,8 +65,8 @@ void TcpPair::fail(const std::string& what, int err) {
   throw PeerError(PeerError::Kind::kClosed,
                   "rank " + std::to_string(self_) + ": the TCP connection to rank " +
                       std::to_string(peer_) + " " + what +
-                      (err ? " (" + errno_text(err) + ")" : std::string()) +
-                      "; did rank " + std::to_string(peer_) + " exit?",
+                      (err ? " (" + errno_text(err) + ")" : std::string()) + "; did rank " +
+                      std::to_string(peer_) + " exit?",
                   peer_);
 }
 
@@ -137,8 +141,9 @@ bool TcpPair::progress_recv() {
     RecvReq& r = *recvs_.front();
     if (r.after && !r.after->done) break;
     if (!r.header_seen) {
-      ssize_t n = ::recv(streams_[0].fd.get(), reinterpret_cast<char*>(&rx_header_) + rx_header_got_,
-                         kHdr - rx_header_got_, MSG_DONTWAIT);
+      ssize_t n =
+          ::recv(streams_[0].fd.get(), reinterpret_cast<char*>(&rx_header_) + rx_header_got_,
+                 kHdr - rx_header_got_, MSG_DONTWAIT);
       if (n == 0) fail("was closed", 0);
       if (n < 0) {
         if (would_block()) break;
