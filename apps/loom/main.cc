@@ -5,11 +5,13 @@
 
 #include "bench.h"
 #include "loom/core/error.h"
+#include "tokenize.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"loom: distributed training for GPT-style models"};
   app.require_subcommand(1);
   auto bench = loom::apps::add_bench_command(app);
+  auto tokenize = loom::apps::add_tokenize_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -17,6 +19,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (app.got_subcommand("bench")) return bench();
+    if (app.got_subcommand("tokenize")) return tokenize();
   } catch (const loom::UserError& e) {
     std::fprintf(stderr, "loom: error: %s\nhint: %s\n", e.what(), e.hint().c_str());
     return 2;

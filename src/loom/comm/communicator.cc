@@ -39,8 +39,9 @@ const StringTunable kAddr("LOOM_ADDR", "",
                           "store)");
 const StringTunable kToken("LOOM_JOB_TOKEN", "", "per-job secret proven by every connection");
 const StringTunable kAlgo("LOOM_ALGO", "auto", "force an algorithm: auto|ring|direct|tree|rd|hier");
-const IntTunable kSpin("LOOM_SPIN_ITERS", 2000,
-                       "busy-poll iterations before a waiting rank yields (0 when oversubscribed)");
+const DoubleTunable kSpin("LOOM_SPIN_US", 5.0,
+                          "microseconds a waiting rank busy-polls before it yields (0 when "
+                          "oversubscribed)");
 
 constexpr uint32_t kPairHelloMagic = 0x52494150;  // "PAIR"
 
@@ -188,7 +189,7 @@ void Communicator::connect(Deadline deadline) {
     topo_.shm_with[q] = q != rank_ && !topo_.force_tcp && topo_.host_of[q] == topo_.host_of[rank_];
   topo_.oversubscribed =
       static_cast<int>(topo_.hosts[topo_.host_of[rank_]].size()) > cpus_available();
-  wait_policy_.spin_iters = topo_.oversubscribed ? 0 : static_cast<int>(kSpin.get());
+  wait_policy_.spin_us = topo_.oversubscribed ? 0 : kSpin.get();
 
   pairs_.resize(size_);
   const std::string my_name = static_cast<PrefixStore&>(*store_).prefix();

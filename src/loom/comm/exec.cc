@@ -132,7 +132,9 @@ void Exec::progress_until(const std::function<bool()>& done) {
       blocked = false;
       continue;
     }
-    if (++idle < policy_.spin_iters) {
+    // Read the clock only every 32 idle rounds: spinning stays cheap, and bounded in time
+    // (a peer descheduled on our core must not cost a long spin per message).
+    if ((++idle & 31) != 0 && policy_.spin_us > 0) {
       LOOM_PAUSE();
       continue;
     }
@@ -142,7 +144,8 @@ void Exec::progress_until(const std::function<bool()>& done) {
       block_start = last_check = now;
     }
     double waited_us = duration<double, std::micro>(now - block_start).count();
-    if (waited_us < policy_.yield_us) {
+    if (waited_us < policy_.spin_us) continue;
+    if (waited_us < policy_.spin_us + policy_.yield_us) {
       sched_yield();
     } else {
       fds.clear();

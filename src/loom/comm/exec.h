@@ -21,7 +21,7 @@
 namespace loom::comm {
 
 struct WaitPolicy {
-  int spin_iters = 2000;   // pause-loop iterations before yielding (0 when oversubscribed)
+  double spin_us = 5;      // busy-poll this long before yielding (0 when oversubscribed)
   double yield_us = 1000;  // then sched_yield for this long, then sleep/poll
 };
 

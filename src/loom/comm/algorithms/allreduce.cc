@@ -153,17 +153,28 @@ void allreduce_direct(Exec& x, const void* in, void* out, size_t count) {
   }
   for (int q = 0; q < n; ++q)
     if (q != r) x.send(q, in, bytes);
-  // Reduce in rank order: ranks below us, our own input, ranks above us.
+  // Reduce in rank order: ranks below us, our own input, ranks above us. Ranks 0 and 1 fold
+  // their own input into the first receive (x0 op x1 either way round: IEEE sum and product
+  // commute bitwise; min/max do not for signed zeros, so they keep the separate pass).
+  const bool commutes = !dtype_is_float(x.dtype()) || x.redop() == ReduceOp::kSum ||
+                        x.redop() == ReduceOp::kAvg || x.redop() == ReduceOp::kProd;
   const RecvReq* prev = nullptr;
-  for (int q = 0; q < r; ++q)
-    prev = q == 0 ? x.recv(q, out, bytes) : x.recv_reduce(q, out, out, bytes, prev);
-  if (prev) x.wait(prev);
-  if (r == 0)
-    copy_bytes(out, in, bytes);
-  else
-    reduce_into(out, out, in, count, x.dtype(), x.redop());
-  prev = nullptr;
-  for (int q = r + 1; q < n; ++q) prev = x.recv_reduce(q, out, out, bytes, prev);
+  int next = 0;
+  if (commutes && r <= 1) {
+    prev = x.recv_reduce(1 - r, out, in, bytes);
+    next = 2;
+  } else {
+    for (int q = 0; q < r; ++q)
+      prev = q == 0 ? x.recv(q, out, bytes) : x.recv_reduce(q, out, out, bytes, prev);
+    if (prev) x.wait(prev);
+    if (r == 0)
+      copy_bytes(out, in, bytes);
+    else
+      reduce_into(out, out, in, count, x.dtype(), x.redop());
+    prev = nullptr;
+    next = r + 1;
+  }
+  for (int q = next; q < n; ++q) prev = x.recv_reduce(q, out, out, bytes, prev);
   x.wait_all();
 }
 
