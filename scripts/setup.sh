@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git
-  libssl-dev libcli11-dev nlohmann-json3-dev libpcre2-dev
+  libssl-dev libcli11-dev nlohmann-json3-dev libpcre2-dev zlib1g-dev liblzma-dev
   libgtest-dev libgmock-dev
   clang clang-format libclang-rt-14-dev   # libFuzzer target, sanitizer runtimes, formatting
   openmpi-bin libopenmpi-dev libgloo-dev iperf3   # peers for bench/ (side-by-side numbers)

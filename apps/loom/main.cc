@@ -5,6 +5,7 @@
 
 #include "bench.h"
 #include "loom/core/error.h"
+#include "prep.h"
 #include "tokenize.h"
 
 int main(int argc, char** argv) {
@@ -12,6 +13,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   auto bench = loom::apps::add_bench_command(app);
   auto tokenize = loom::apps::add_tokenize_command(app);
+  auto prep = loom::apps::add_prep_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -20,6 +22,7 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("bench")) return bench();
     if (app.got_subcommand("tokenize")) return tokenize();
+    if (app.got_subcommand("prep")) return prep();
   } catch (const loom::UserError& e) {
     std::fprintf(stderr, "loom: error: %s\nhint: %s\n", e.what(), e.hint().c_str());
     return 2;

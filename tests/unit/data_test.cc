@@ -1,0 +1,245 @@
+// loom prep and the loader: chunked, multi-threaded tokenization gives exactly the ids of
+// tokenizing each whole file; shards are deterministic in the thread count; errors leave
+// nothing behind; the sample order is a keyed bijection; data-parallel slices partition the
+// global batch; damaged shards are reported by name.
+#include <gtest/gtest.h>
+#include <lzma.h>
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+
+#include "loom/core/error.h"
+#include "loom/data/loader.h"
+#include "loom/data/prep.h"
+#include "loom/data/shard.h"
+#include "loom/data/tokenizer.h"
+
+namespace loom::data {
+namespace {
+namespace fs = std::filesystem;
+
+std::shared_ptr<const Gpt2Tokenizer> tok() {
+  static auto t = Gpt2Tokenizer::load(Gpt2Tokenizer::default_vocab_path());
+  return t;
+}
+
+// Varied text: words, numbers, punctuation, runs of spaces and newlines, some Unicode.
+std::string corpus_text(uint32_t seed, size_t bytes) {
+  static const char* words[] = {"the",     "King", "said", "unto",  "him",  "It's",
+                                "they're", "42",   "3.14", "naïve", "日本", "😀",
+                                "--",      "!!",   "(x)",  "and",   "LORD"};
+  static const char* seps[] = {" ", " ", " ", ", ", ". ", "\n", "\n\n", "   ", "\t", " \n  "};
+  std::mt19937 g(seed);
+  std::string s;
+  while (s.size() < bytes) {
+    s += words[g() % 17];
+    s += seps[g() % 10];
+  }
+  return s;
+}
+
+std::string fresh_dir(const std::string& name) {
+  std::string d = ::testing::TempDir() + "/loom-data-" + name + "-" + std::to_string(::getpid());
+  fs::remove_all(d);
+  return d;
+}
+
+void write_file(const std::string& path, const std::string& s) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path, std::ios::binary) << s;
+}
+
+void write_gz(const std::string& path, const std::string& s) {
+  gzFile g = gzopen(path.c_str(), "wb");
+  gzwrite(g, s.data(), static_cast<unsigned>(s.size()));
+  gzclose(g);
+}
+
+void write_xz(const std::string& path, const std::string& s) {
+  std::string out(s.size() + 1024, '\0');
+  size_t pos = 0;
+  ASSERT_EQ(lzma_easy_buffer_encode(6, LZMA_CHECK_CRC64, nullptr,
+                                    reinterpret_cast<const uint8_t*>(s.data()), s.size(),
+                                    reinterpret_cast<uint8_t*>(out.data()), &pos, out.size()),
+            LZMA_OK);
+  out.resize(pos);
+  std::ofstream(path, std::ios::binary) << out;
+}
+
+// Files of the test corpus, in the sorted order prep reads them, with their texts.
+std::vector<std::pair<std::string, std::string>> make_corpus(const std::string& dir) {
+  std::vector<std::pair<std::string, std::string>> files = {
+      {dir + "/a.txt", corpus_text(1, 300000)},
+      {dir + "/b.txt.gz", corpus_text(2, 150000)},
+      {dir + "/c.txt.xz", corpus_text(3, 90000)},
+      {dir + "/d_empty.txt", ""},
+      {dir + "/sub/e.txt", corpus_text(4, 5000) + "\xff\xfe invalid bytes"},
+  };
+  for (auto& [p, t] : files) {
+    fs::create_directories(fs::path(p).parent_path());
+    if (p.ends_with(".gz"))
+      write_gz(p, t);
+    else if (p.ends_with(".xz"))
+      write_xz(p, t);
+    else
+      write_file(p, t);
+  }
+  return files;
+}
+
+std::vector<uint16_t> read_split(const std::string& dir, const std::string& split) {
+  TokenDataset d = TokenDataset::open(dir, split);
+  std::vector<int32_t> v(d.tokens());
+  d.read(0, v.size(), v.data());
+  return std::vector<uint16_t>(v.begin(), v.end());
+}
+
+TEST(Prep, ChunkedParallelTokensEqualWholeFileTokens) {
+  std::string in = fresh_dir("in"), out = fresh_dir("out");
+  auto files = make_corpus(in);
+  PrepOptions o{{in}, out, 40000, 0.0, 2, false};
+  PrepSummary s = run_prep(o, tok());
+  EXPECT_EQ(s.files, files.size());
+  EXPECT_GT(s.train_shards, 3);  // 40 KB shards force several
+  std::vector<uint16_t> want;
+  Gpt2Tokenizer::Encoder enc(tok());
+  for (auto& [p, t] : files) {
+    if (t.empty()) continue;
+    for (int id : enc.encode(t)) want.push_back(static_cast<uint16_t>(id));
+    want.push_back(Gpt2Tokenizer::kEndOfText);
+  }
+  EXPECT_EQ(read_split(out, "train"), want);
+  fs::remove_all(in);
+  fs::remove_all(out);
+}
+
+TEST(Prep, DeterministicInThreadsAndSplitsValidation) {
+  std::string in = fresh_dir("in2");
+  make_corpus(in);
+  std::string o1 = fresh_dir("o1"), o2 = fresh_dir("o2"), o0 = fresh_dir("o0");
+  run_prep({{in}, o1, 1 << 20, 0.1, 1, false}, tok());
+  run_prep({{in}, o2, 1 << 20, 0.1, 2, false}, tok());
+  run_prep({{in}, o0, 1 << 20, 0.0, 2, false}, tok());
+  EXPECT_EQ(read_split(o1, "train"), read_split(o2, "train"));
+  EXPECT_EQ(read_split(o1, "val"), read_split(o2, "val"));
+  auto train = read_split(o1, "train"), val = read_split(o1, "val"), all = read_split(o0, "train");
+  EXPECT_GT(val.size(), all.size() / 20);  // ~10% of the chunks
+  EXPECT_LT(val.size(), all.size() / 5);
+  // Same tokens, except each document split across both gets one more <|endoftext|>.
+  auto non_eot = [](const std::vector<uint16_t>& v) {
+    return std::count_if(v.begin(), v.end(),
+                         [](uint16_t t) { return t != Gpt2Tokenizer::kEndOfText; });
+  };
+  EXPECT_EQ(non_eot(train) + non_eot(val), non_eot(all));
+  for (auto* d : {&in, &o1, &o2, &o0}) fs::remove_all(*d);
+}
+
+TEST(Prep, ErrorsLeaveNothingBehind) {
+  std::string in = fresh_dir("in3"), out = fresh_dir("out3");
+  fs::create_directories(in);
+  auto tmp_left = [&] {
+    for (auto& e : fs::directory_iterator(fs::path(out).parent_path()))
+      if (e.path().filename().string().rfind(fs::path(out).filename().string() + ".tmp", 0) == 0)
+        return true;
+    return false;
+  };
+  EXPECT_THROW(run_prep({{in}, out, 1 << 20, 0.01, 2, false}, tok()), UserError);  // empty
+  EXPECT_THROW(run_prep({{in + "/missing.txt"}, out, 1 << 20, 0.01, 2, false}, tok()), UserError);
+  write_file(in + "/ok.txt", "some text");
+  std::ofstream(in + "/bad.gz") << "this is not gzip";
+  EXPECT_THROW(run_prep({{in}, out, 1 << 20, 0.01, 2, false}, tok()), UserError);
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(tmp_left());
+  fs::remove(in + "/bad.gz");
+  run_prep({{in}, out, 1 << 20, 0.0, 2, false}, tok());
+  auto before = fs::last_write_time(out + "/manifest.json");
+  EXPECT_THROW(run_prep({{in}, out, 1 << 20, 0.0, 2, false}, tok()), UserError);  // exists
+  EXPECT_EQ(fs::last_write_time(out + "/manifest.json"), before);
+  fs::remove_all(in);
+  fs::remove_all(out);
+}
+
+TEST(Loader, SampleOrderIsAKeyedBijection) {
+  for (uint64_t n : {1ull, 2ull, 3ull, 1000ull, 4097ull}) {
+    SampleOrder o(n, 7);
+    std::set<uint64_t> seen;
+    for (uint64_t i = 0; i < n; ++i) seen.insert(o.at(0, i));
+    EXPECT_EQ(seen.size(), n);
+    EXPECT_EQ(*seen.rbegin(), n - 1);
+  }
+  SampleOrder a(1000, 7), b(1000, 8);
+  int same_epoch = 0, same_seed = 0;
+  for (uint64_t i = 0; i < 1000; ++i) {
+    same_epoch += a.at(0, i) == a.at(1, i);
+    same_seed += a.at(0, i) == b.at(0, i);
+  }
+  EXPECT_LT(same_epoch, 20);
+  EXPECT_LT(same_seed, 20);
+}
+
+TEST(Loader, DataParallelSlicesPartitionTheGlobalBatch) {
+  std::string in = fresh_dir("in4"), out = fresh_dir("out4");
+  make_corpus(in);
+  run_prep({{in}, out, 1 << 20, 0.0, 2, false}, tok());
+  TokenDataset d = TokenDataset::open(out, "train");
+  const int B = 8, T = 32;
+  Loader whole(d, {B, T, 0, 1}, 123);
+  std::set<uint64_t> epoch0;
+  for (uint64_t step = 0; step < whole.steps_per_epoch(); ++step)
+    for (int i = 0; i < B; ++i) epoch0.insert(whole.sample_of(step, i));
+  EXPECT_EQ(epoch0.size(), whole.steps_per_epoch() * B);  // no sample twice in an epoch
+  for (uint64_t step : {uint64_t{0}, uint64_t{5}, whole.steps_per_epoch() + 3}) {
+    std::vector<int32_t> x(B * T), y(B * T);
+    whole.batch(step, x.data(), y.data());
+    for (int i = 0; i + 1 < T; ++i) EXPECT_EQ(x[i + 1], y[i]);  // targets are inputs shifted
+    for (int R : {2, 4}) {
+      std::vector<int32_t> xs, ys;
+      for (int r = 0; r < R; ++r) {
+        Loader part(d, {B, T, r, R}, 123);
+        std::vector<int32_t> px(B / R * T), py(B / R * T);
+        part.batch(step, px.data(), py.data());
+        xs.insert(xs.end(), px.begin(), px.end());
+        ys.insert(ys.end(), py.begin(), py.end());
+      }
+      EXPECT_EQ(xs, x);
+      EXPECT_EQ(ys, y);
+    }
+  }
+  EXPECT_THROW(Loader(d, {6, T, 0, 4}, 1), UserError);  // 6 does not split over 4 ranks
+  fs::remove_all(in);
+  fs::remove_all(out);
+}
+
+TEST(Loader, DamagedShardsAreReportedByName) {
+  std::string in = fresh_dir("in5"), out = fresh_dir("out5");
+  write_file(in + "/t.txt", corpus_text(9, 20000));
+  run_prep({{in}, out, 1 << 20, 0.0, 1, false}, tok());
+  std::string shard = out + "/train_000000.bin";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f');
+  }
+  try {
+    TokenDataset::open(out, "train");
+    FAIL() << "a corrupt shard was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("train_000000.bin"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+  }
+  fs::resize_file(shard, fs::file_size(shard) - 7);
+  try {
+    TokenDataset::open(out, "train");
+    FAIL() << "a truncated shard was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+  fs::remove_all(in);
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace loom::data
