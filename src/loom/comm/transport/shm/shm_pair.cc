@@ -100,16 +100,24 @@ void ShmPair::check_peer() {
   auto* h = static_cast<SegHeader*>(seg_.data());
   int other = 1 - side_;
   int pid = std::atomic_ref<int32_t>(h->pid[other]).load(std::memory_order_acquire);
-  if (pid != 0 && pid != ::getpid() && !shm::pid_alive(pid))
+  bool dead = pid != 0 && pid != ::getpid() && !shm::pid_alive(pid);
+  bool closed = std::atomic_ref<uint32_t>(h->closed[other]).load(std::memory_order_acquire);
+  if (!dead && !closed) return;
+  // A peer that wrote everything we need and then left is not a failure: everything it
+  // wrote before leaving is visible now (its closed flag is a release store; a dead peer
+  // writes nothing more), so drain the ring and fail only if we are still waiting.
+  while (progress()) {
+  }
+  if (!busy()) return;
+  if (dead)
     throw PeerError(PeerError::Kind::kDead,
                     "rank " + std::to_string(self_) + ": rank " + std::to_string(peer_) + " (pid " +
                         std::to_string(pid) + ") died",
                     peer_);
-  if (std::atomic_ref<uint32_t>(h->closed[other]).load(std::memory_order_acquire))
-    throw PeerError(PeerError::Kind::kClosed,
-                    "rank " + std::to_string(self_) + ": rank " + std::to_string(peer_) +
-                        " closed its shared-memory connection (it left the communicator)",
-                    peer_);
+  throw PeerError(PeerError::Kind::kClosed,
+                  "rank " + std::to_string(self_) + ": rank " + std::to_string(peer_) +
+                      " closed its shared-memory connection (it left the communicator)",
+                  peer_);
 }
 
 bool ShmPair::progress() {
