@@ -158,23 +158,9 @@ void allreduce_direct(Exec& x, const void* in, void* out, size_t count) {
   // commute bitwise; min/max do not for signed zeros, so they keep the separate pass).
   const bool commutes = !dtype_is_float(x.dtype()) || x.redop() == ReduceOp::kSum ||
                         x.redop() == ReduceOp::kAvg || x.redop() == ReduceOp::kProd;
-  const RecvReq* prev = nullptr;
-  int next = 0;
-  if (commutes && r <= 1) {
-    prev = x.recv_reduce(1 - r, out, in, bytes);
-    next = 2;
-  } else {
-    for (int q = 0; q < r; ++q)
-      prev = q == 0 ? x.recv(q, out, bytes) : x.recv_reduce(q, out, out, bytes, prev);
-    if (prev) x.wait(prev);
-    if (r == 0)
-      copy_bytes(out, in, bytes);
-    else
-      reduce_into(out, out, in, count, x.dtype(), x.redop());
-    prev = nullptr;
-    next = r + 1;
-  }
-  for (int q = next; q < n; ++q) prev = x.recv_reduce(q, out, out, bytes, prev);
+  if (!(commutes && r <= 1)) return reduce_all_in_rank_order(x, out, in, count);
+  const RecvReq* prev = x.recv_reduce(1 - r, out, in, bytes);
+  for (int q = 2; q < n; ++q) prev = x.recv_reduce(q, out, out, bytes, prev);
   x.wait_all();
 }
 

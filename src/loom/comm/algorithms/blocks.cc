@@ -1,4 +1,6 @@
 #include "loom/comm/algorithms/algorithms.h"
+#include "loom/comm/algorithms/util.h"
+#include "loom/comm/reduce.h"
 
 namespace loom::comm::algo {
 
@@ -25,6 +27,22 @@ Blocks blocks_from_counts(const std::vector<size_t>& counts, size_t esize) {
     at += c * esize;
   }
   return b;
+}
+
+void reduce_all_in_rank_order(Exec& x, void* out, const void* own, size_t count) {
+  const int n = x.size(), r = x.rank();
+  const size_t bytes = count * x.esize();
+  const RecvReq* prev = nullptr;
+  for (int q = 0; q < r; ++q)
+    prev = q == 0 ? x.recv(q, out, bytes) : x.recv_reduce(q, out, out, bytes, prev);
+  if (prev) x.wait(prev);
+  if (r == 0)
+    copy_bytes(out, own, bytes);
+  else
+    reduce_into(out, out, own, count, x.dtype(), x.redop());
+  prev = nullptr;
+  for (int q = r + 1; q < n; ++q) prev = x.recv_reduce(q, out, out, bytes, prev);
+  x.wait_all();
 }
 
 }  // namespace loom::comm::algo

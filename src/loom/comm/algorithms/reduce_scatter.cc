@@ -52,17 +52,7 @@ void reduce_scatter_direct(Exec& x, const void* in, void* out, size_t count) {
     int q = mod(r + i, n);
     x.send(q, at(in, q * bb), bb);
   }
-  const RecvReq* prev = nullptr;
-  for (int q = 0; q < r; ++q)
-    prev = q == 0 ? x.recv(q, out, bb) : x.recv_reduce(q, out, out, bb, prev);
-  if (prev) x.wait(prev);
-  if (r == 0)
-    copy_bytes(out, own, bb);
-  else
-    reduce_into(out, out, own, count, x.dtype(), x.redop());
-  prev = nullptr;
-  for (int q = r + 1; q < n; ++q) prev = x.recv_reduce(q, out, out, bb, prev);
-  x.wait_all();
+  reduce_all_in_rank_order(x, out, own, count);
 }
 
 void reduce_scatter_rd(Exec& x, const void* in, void* out, size_t count) {

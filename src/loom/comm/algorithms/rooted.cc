@@ -88,7 +88,7 @@ void reduce_tree(Exec& x, const void* in, void* out, size_t count, int root) {
 }
 
 void reduce_direct(Exec& x, const void* in, void* out, size_t count, int root) {
-  const int n = x.size(), r = x.rank();
+  const int r = x.rank();
   const size_t bytes = count * x.esize();
   if (r != root) {
     x.send(root, in, bytes);
@@ -100,17 +100,7 @@ void reduce_direct(Exec& x, const void* in, void* out, size_t count, int root) {
     copy_bytes(keep, in, bytes);
     in = keep;
   }
-  const RecvReq* prev = nullptr;
-  for (int q = 0; q < r; ++q)
-    prev = q == 0 ? x.recv(q, out, bytes) : x.recv_reduce(q, out, out, bytes, prev);
-  if (prev) x.wait(prev);
-  if (r == 0)
-    copy_bytes(out, in, bytes);
-  else
-    reduce_into(out, out, in, count, x.dtype(), x.redop());
-  prev = nullptr;
-  for (int q = r + 1; q < n; ++q) prev = x.recv_reduce(q, out, out, bytes, prev);
-  x.wait_all();
+  reduce_all_in_rank_order(x, out, in, count);
 }
 
 void gather_direct(Exec& x, const void* in, void* out, size_t bytes, int root) {

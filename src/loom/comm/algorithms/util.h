@@ -22,4 +22,10 @@ inline int largest_pow2_at_most(int n) {
 // Chunk size used by pipelined algorithms, rounded to whole elements.
 size_t pipeline_chunk(size_t esize);
 
+// Receives `count` elements from every other rank and reduces them with `own` into `out` in
+// rank order (x0 op x1 op ... op x(n-1), ours at our position), so every rank that runs it
+// on the same inputs gets the same bits. `own` may alias `out` only on rank 0 (elsewhere
+// the receives overwrite `out` first). The sends are the caller's. Ends with wait_all().
+void reduce_all_in_rank_order(Exec& x, void* out, const void* own, size_t count);
+
 }  // namespace loom::comm::algo
