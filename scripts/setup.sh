@@ -5,8 +5,9 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git
   libssl-dev libcli11-dev nlohmann-json3-dev libpcre2-dev zlib1g-dev liblzma-dev
+  libopenblas-dev                   # GEMM for the CPU kernels
   libgtest-dev libgmock-dev
-  clang clang-format libclang-rt-14-dev   # libFuzzer target, sanitizer runtimes, formatting
+  clang clang-format libclang-rt-14-dev libomp-14-dev   # libFuzzer, sanitizers, formatting, OpenMP for clang
   openmpi-bin libopenmpi-dev libgloo-dev iperf3   # peers for bench/ (side-by-side numbers)
   bible-kjv bible-kjv-text          # a small public-domain corpus (tokenizer benchmark)
 )

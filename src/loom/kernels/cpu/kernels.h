@@ -1,0 +1,63 @@
+// CPU forward/backward kernels of the GPT-2 layers, the specification any other device's
+// kernels must match (llm.c's layout: each layer's forward and backward side by side).
+//
+// The rule of every kernel here: forward writes its outputs with `=`; backward ACCUMULATES
+// into every gradient it produces (parameters and inputs alike) with `+=`, so a caller zeroes
+// gradients once per step and residual branches simply add up.
+//
+// Shapes: B batch, T time, C channels, NH heads (C % NH == 0), OC output channels,
+// V vocabulary, Vp vocabulary padded (logits beyond V are ignored by the loss), N = B*T.
+// All buffers are row-major float32 unless stated.
+#pragma once
+
+#include <cstddef>
+
+namespace loom::kernels::cpu {
+
+// out (B,T,C) = wte[tokens] + wpe[t];  tokens (B,T), wte (V,C), wpe (maxT,C)
+void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B,
+                     int T, int C);
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T,
+                      int C);
+
+// out (N,C) = (inp - mean) * rstd * weight + bias, per row; mean, rstd (N) are saved.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
+
+// out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (OC); bias may be null. GEMMs via BLAS.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC);
+
+// Causal multi-head self-attention. inp (B,T,3C) holds q, k, v; out (B,T,C);
+// preatt and att (B,NH,T,T) are saved for backward (att = softmax of scaled preatt).
+void attention_forward(float* out, float* preatt, float* att, const float* inp, int B, int T, int C,
+                       int NH);
+void attention_backward(float* dinp, float* dpreatt, float* datt, const float* dout,
+                        const float* inp, const float* att, int B, int T, int C, int NH);
+
+// GELU, tanh approximation (as GPT-2 and PyTorch's approximate="tanh").
+void gelu_forward(float* out, const float* inp, size_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+
+// out = a + b
+void residual_forward(float* out, const float* a, const float* b, size_t n);
+void residual_backward(float* da, float* db, const float* dout, size_t n);
+
+// probs (N,Vp) = softmax over the first V logits (padded entries get 0);
+// losses (N) = -log probs[target].
+void softmax_forward(float* probs, const float* logits, int N, int V, int Vp);
+void crossentropy_forward(float* losses, const float* probs, const int* targets, int N, int Vp);
+// dlogits += (probs - onehot(target)) * dlosses, for the first V entries of each row.
+void crossentropy_softmax_backward(float* dlogits, const float* dlosses, const float* probs,
+                                   const int* targets, int N, int V, int Vp);
+
+// One AdamW step (PyTorch's formulation, decoupled weight decay), t >= 1.
+void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int t);
+
+}  // namespace loom::kernels::cpu

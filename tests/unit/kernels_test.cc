@@ -1,0 +1,201 @@
+// Every CPU kernel's backward against central finite differences of its forward, with the
+// loss L = sum(out * g) for a fixed random g (so dout = g), measured as the normalised error
+// max|analytic - numeric| / max|numeric| over sampled elements (ggml's test-backend-ops idea).
+// Also: softmax rows sum to one and ignore padded logits, and AdamW matches a double-precision
+// reference of PyTorch's formula.
+#include "loom/kernels/cpu/kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+namespace loom::kernels::cpu {
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+// Normalised error of `analytic` against central differences of `loss` w.r.t. x.
+double grad_error(std::vector<float>& x, const std::vector<float>& analytic,
+                  const std::function<double()>& loss, float eps = 1e-2f, size_t samples = 64) {
+  double max_err = 0, max_num = 0;
+  size_t stride = std::max<size_t>(1, x.size() / samples);
+  for (size_t i = 0; i < x.size(); i += stride) {
+    float keep = x[i];
+    x[i] = keep + eps;
+    double lp = loss();
+    x[i] = keep - eps;
+    double lm = loss();
+    x[i] = keep;
+    double num = (lp - lm) / (2.0 * eps);
+    max_err = std::max(max_err, std::fabs(num - analytic[i]));
+    max_num = std::max(max_num, std::fabs(num));
+  }
+  return max_err / (max_num + 1e-12);
+}
+
+constexpr double kTol = 5e-3;
+
+TEST(Kernels, LayerNormBackward) {
+  const int N = 6, C = 16;
+  auto x = randn(N * C, 1), w = randn(C, 2), b = randn(C, 3), g = randn(N * C, 4);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  auto loss = [&] {
+    layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    return dot(out, g);
+  };
+  loss();
+  std::vector<float> dx(N * C, 0), dw(C, 0), db(C, 0);
+  layernorm_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
+  EXPECT_LT(grad_error(x, dx, loss), kTol);
+  EXPECT_LT(grad_error(w, dw, loss), kTol);
+  EXPECT_LT(grad_error(b, db, loss), kTol);
+}
+
+TEST(Kernels, MatmulBackward) {
+  const int N = 5, C = 7, OC = 9;
+  auto x = randn(N * C, 5), w = randn(OC * C, 6), b = randn(OC, 7), g = randn(N * OC, 8);
+  std::vector<float> out(N * OC);
+  auto loss = [&] {
+    matmul_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
+    return dot(out, g);
+  };
+  loss();
+  // the forward itself, against a triple loop
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      double s = b[o];
+      for (int c = 0; c < C; ++c) s += static_cast<double>(x[n * C + c]) * w[o * C + c];
+      EXPECT_NEAR(out[n * OC + o], s, 1e-4);
+    }
+  std::vector<float> dx(N * C, 0), dw(OC * C, 0), db(OC, 0);
+  matmul_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), N, C, OC);
+  EXPECT_LT(grad_error(x, dx, loss), kTol);
+  EXPECT_LT(grad_error(w, dw, loss), kTol);
+  EXPECT_LT(grad_error(b, db, loss), kTol);
+}
+
+TEST(Kernels, AttentionBackwardAndCausality) {
+  const int B = 2, T = 5, C = 8, NH = 2;
+  auto x = randn(B * T * 3 * C, 9), g = randn(B * T * C, 10);
+  std::vector<float> out(B * T * C), pre(B * NH * T * T), att(B * NH * T * T);
+  auto loss = [&] {
+    attention_forward(out.data(), pre.data(), att.data(), x.data(), B, T, C, NH);
+    return dot(out, g);
+  };
+  loss();
+  std::vector<float> dx(x.size(), 0), dpre(pre.size(), 0), datt(att.size(), 0);
+  attention_backward(dx.data(), dpre.data(), datt.data(), g.data(), x.data(), att.data(), B, T, C,
+                     NH);
+  EXPECT_LT(grad_error(x, dx, loss, 1e-2f, 240), kTol);
+  // Causality: the output at t=0 does not depend on any later position.
+  auto first = out;
+  x[(0 * T + 3) * 3 * C + C + 1] += 1.0f;      // a key at t=3
+  x[(0 * T + 4) * 3 * C + 2 * C + 1] += 1.0f;  // a value at t=4
+  loss();
+  for (int i = 0; i < C; ++i) EXPECT_EQ(out[i], first[i]);
+}
+
+TEST(Kernels, GeluBackward) {
+  auto x = randn(200, 11, 2.0f), g = randn(200, 12);
+  std::vector<float> out(200);
+  auto loss = [&] {
+    gelu_forward(out.data(), x.data(), x.size());
+    return dot(out, g);
+  };
+  loss();
+  EXPECT_NEAR(
+      out[0],
+      0.5 * x[0] * (1 + std::tanh(std::sqrt(2 / M_PI) * (x[0] + 0.044715 * std::pow(x[0], 3)))),
+      1e-5);
+  std::vector<float> dx(200, 0);
+  gelu_backward(dx.data(), x.data(), g.data(), x.size());
+  EXPECT_LT(grad_error(x, dx, loss, 1e-3f, 200), kTol);
+}
+
+TEST(Kernels, EncoderAndResidualBackward) {
+  const int B = 2, T = 3, C = 4, V = 5;
+  std::vector<int> tok{1, 4, 1, 0, 2, 1};
+  auto wte = randn(V * C, 13), wpe = randn(T * C, 14), g = randn(B * T * C, 15);
+  std::vector<float> out(B * T * C);
+  auto loss = [&] {
+    encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+    return dot(out, g);
+  };
+  loss();
+  std::vector<float> dwte(V * C, 0), dwpe(T * C, 0);
+  encoder_backward(dwte.data(), dwpe.data(), g.data(), tok.data(), B, T, C);
+  EXPECT_LT(grad_error(wte, dwte, loss), kTol);
+  EXPECT_LT(grad_error(wpe, dwpe, loss), kTol);
+  std::vector<float> a = randn(10, 16), b2 = randn(10, 17), r(10), da(10, 1), db(10, 0);
+  residual_forward(r.data(), a.data(), b2.data(), 10);
+  residual_backward(da.data(), db.data(), g.data(), 10);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(r[i], a[i] + b2[i]);
+    EXPECT_EQ(da[i], 1 + g[i]);  // accumulates
+    EXPECT_EQ(db[i], g[i]);
+  }
+}
+
+TEST(Kernels, SoftmaxCrossEntropyWithPaddedVocabulary) {
+  const int N = 4, V = 10, Vp = 16;
+  auto logits = randn(N * Vp, 18, 2.0f), dl = randn(N, 19);
+  for (int n = 0; n < N; ++n)
+    for (int i = V; i < Vp; ++i) logits[n * Vp + i] = 100.0f;  // padding must not matter
+  std::vector<int> targets{0, 3, 9, 5};
+  std::vector<float> probs(N * Vp), losses(N);
+  auto loss = [&] {
+    softmax_forward(probs.data(), logits.data(), N, V, Vp);
+    crossentropy_forward(losses.data(), probs.data(), targets.data(), N, Vp);
+    return dot(losses, dl);
+  };
+  loss();
+  for (int n = 0; n < N; ++n) {
+    double s = 0;
+    for (int i = 0; i < V; ++i) s += probs[n * Vp + i];
+    EXPECT_NEAR(s, 1.0, 1e-5);
+    for (int i = V; i < Vp; ++i) EXPECT_EQ(probs[n * Vp + i], 0.0f);
+  }
+  std::vector<float> dlogits(N * Vp, 0);
+  crossentropy_softmax_backward(dlogits.data(), dl.data(), probs.data(), targets.data(), N, V, Vp);
+  for (int n = 0; n < N; ++n)
+    for (int i = V; i < Vp; ++i) EXPECT_EQ(dlogits[n * Vp + i], 0.0f);
+  EXPECT_LT(grad_error(logits, dlogits, loss, 1e-2f, N * Vp), kTol);
+}
+
+TEST(Kernels, AdamWMatchesTheReferenceFormula) {
+  const size_t n = 50;
+  auto p = randn(n, 20), m = std::vector<float>(n, 0), v = std::vector<float>(n, 0);
+  std::vector<double> rp(p.begin(), p.end()), rm(n, 0), rv(n, 0);
+  const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+  for (int t = 1; t <= 5; ++t) {
+    auto g = randn(n, 100 + t);
+    adamw_update(p.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd, t);
+    for (size_t i = 0; i < n; ++i) {
+      rp[i] -= lr * wd * rp[i];
+      rm[i] = b1 * rm[i] + (1 - b1) * g[i];
+      rv[i] = b2 * rv[i] + (1 - b2) * double(g[i]) * g[i];
+      double mh = rm[i] / (1 - std::pow(double(b1), t)), vh = rv[i] / (1 - std::pow(double(b2), t));
+      rp[i] -= lr * mh / (std::sqrt(vh) + eps);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) EXPECT_NEAR(p[i], rp[i], 1e-5);
+}
+
+}  // namespace
+}  // namespace loom::kernels::cpu
