@@ -10,6 +10,7 @@ pkgs=(
   clang clang-format libclang-rt-14-dev libomp-14-dev   # libFuzzer, sanitizers, formatting, OpenMP for clang
   openmpi-bin libopenmpi-dev libgloo-dev iperf3   # peers for bench/ (side-by-side numbers)
   bible-kjv bible-kjv-text          # a small public-domain corpus (tokenizer benchmark)
+  python3-torch                     # PyTorch 1.13: the reference the model is tested against
 )
 missing=()
 for p in "${pkgs[@]}"; do
