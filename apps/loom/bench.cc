@@ -402,8 +402,6 @@ std::function<int()> add_bench_command(CLI::App& app) {
     validate(*args);
     if (args->np > 0 && std::getenv("LOOM_RANK") == nullptr) {
       // Forward everything but --np to the ranks.
-      auto raw = b->remaining_for_passthrough();
-      (void)raw;
       std::vector<std::string> fwd = {"--op",     args->op,
                                       "--algo",   args->algo,
                                       "--dtype",  args->dtype,

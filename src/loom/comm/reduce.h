@@ -16,8 +16,8 @@ void reduce_into(void* dst, const void* a, const void* b, size_t count, DType dt
 // buf[i] /= n, for ReduceOp::kAvg after the sum has been formed (integers truncate).
 void finish_avg(void* buf, size_t count, DType dtype, int n);
 
-// Large copies: memcpy, split in two halves on two threads is not worth it for one rank;
-// kept as one function so a non-temporal variant can replace it where it pays off.
+// memcpy that skips dst == src (in-place calls); one function so that a non-temporal
+// variant can replace it where that pays off (large final outputs, PERF-NOTES item 4).
 void copy_bytes(void* dst, const void* src, size_t bytes);
 
 }  // namespace loom::comm

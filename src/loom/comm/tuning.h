@@ -4,7 +4,8 @@
 // steps * alpha + bytes_on_the_wire / beta for the links it uses, and `auto` picks the
 // smallest prediction among the algorithms valid for the op and group. alpha and beta per
 // transport come from LOOM_{SHM,TCP}_{ALPHA_US,GBPS} (defaults measured on the development
-// machine, see docs/algorithms.md; `loom bench --calibrate` prints fitted values).
+// machine with `loom bench`, see docs/algorithms.md and docs/perf.md; an automatic
+// `loom bench --calibrate` that fits them is not written yet).
 // LOOM_ALGO or the per-call option overrides the choice where that algorithm applies.
 #pragma once
 
