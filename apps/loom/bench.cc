@@ -59,13 +59,6 @@ double value(int rank, size_t i) {
   return (rank + 1) * static_cast<double>(i % 5 + 1);
 }
 
-void put(DType t, void* p, size_t i, double v) {
-  store_element(t, p, i, v);
-}
-double get(DType t, const void* p, size_t i) {
-  return load_element(t, p, i);
-}
-
 // One benchmarked operation: buffer shapes, how to run it, what its result must be.
 struct Case {
   OpKind op;
@@ -145,7 +138,7 @@ struct Case {
     std::byte* src = in.data();
     if (op == OpKind::kAllgather && in_place) src = out.data() + rank * count * es;
     size_t fill_elems = op == OpKind::kAllgather ? count : in_elems;
-    for (size_t i = 0; i < fill_elems; ++i) put(t, src, i, value(rank, i));
+    for (size_t i = 0; i < fill_elems; ++i) store_element(t, src, i, value(rank, i));
     if (op == OpKind::kBroadcast && rank != 0) std::fill(in.begin(), in.end(), std::byte{0xEE});
     run(comm, in.data(), out.data(), in_place, requested);
     int64_t wrong = 0;
@@ -156,8 +149,8 @@ struct Case {
     };
     auto expect = [&](const std::byte* p, size_t i, double want) {
       std::vector<std::byte> tmp(8);
-      put(t, tmp.data(), 0, want);
-      if (get(t, p, i) != get(t, tmp.data(), 0)) ++wrong;
+      store_element(t, tmp.data(), 0, want);
+      if (load_element(t, p, i) != load_element(t, tmp.data(), 0)) ++wrong;
     };
     switch (op) {
       case OpKind::kAllreduce: {
@@ -244,7 +237,7 @@ int run_rank(const BenchArgs& a) {
       }
       c->algo = comm->chosen_algo(op, c->size_bytes, *requested);
       std::vector<std::byte> in(c->in_elems * c->es + 64), out(c->out_elems * c->es + 64);
-      for (size_t i = 0; i < c->in_elems; ++i) put(*t, in.data(), i, value(rank, i));
+      for (size_t i = 0; i < c->in_elems; ++i) store_element(*t, in.data(), i, value(rank, i));
       Row rows[2];
       for (int ip = 0; ip < 2; ++ip) {
         bool in_place = ip == 1;

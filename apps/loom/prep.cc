@@ -39,8 +39,7 @@ std::function<int()> add_prep_command(CLI::App& app) {
     o.val_fraction = a->val_fraction;
     o.threads = a->threads;
     o.progress = !a->quiet;
-    auto tok = data::Gpt2Tokenizer::load(
-        a->vocab.empty() ? data::Gpt2Tokenizer::default_vocab_path() : a->vocab);
+    auto tok = data::Gpt2Tokenizer::load(a->vocab);
     data::PrepSummary s = data::run_prep(o, tok);
     std::printf(
         "prep: %llu file(s), %.1f MB read, %.1f MB of text -> %llu train tokens in %d shard(s), "

@@ -27,8 +27,7 @@ std::function<int()> add_tokenize_command(CLI::App& app) {
   t->add_flag("--stats", a->stats,
               "print only a JSON line with bytes, tokens and encode throughput (one thread)");
   return [a]() -> int {
-    auto tok = data::Gpt2Tokenizer::load(
-        a->vocab.empty() ? data::Gpt2Tokenizer::default_vocab_path() : a->vocab);
+    auto tok = data::Gpt2Tokenizer::load(a->vocab);
     std::string text;
     if (a->input.empty() || (a->input.size() == 1 && a->input[0] == "-")) {
       text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());

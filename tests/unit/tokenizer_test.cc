@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "loom/core/base64.h"
 #include "loom/core/error.h"
 #include "loom/data/utf8.h"
 
@@ -17,17 +18,8 @@ namespace loom::data {
 namespace {
 
 std::string b64decode(const std::string& in) {
-  static const std::string chars =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::string out;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : in) {
-    if (c == '=') break;
-    acc = (acc << 6) | static_cast<uint32_t>(chars.find(c));
-    bits += 6;
-    if (bits >= 8) bits -= 8, out.push_back(static_cast<char>((acc >> bits) & 0xFF));
-  }
+  EXPECT_TRUE(base64_decode(in, out)) << in;
   return out;
 }
 

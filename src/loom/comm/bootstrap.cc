@@ -12,6 +12,7 @@
 
 #include "loom/comm/net/socket.h"
 #include "loom/comm/store/tcp_store.h"
+#include "loom/core/checksum.h"
 #include "loom/core/error.h"
 #include "loom/core/hmac.h"
 #include "loom/core/log.h"
@@ -43,9 +44,7 @@ int env_int(const char* name, int fallback) {
 }
 
 uint16_t port_for_job(const std::string& job_id) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : job_id) h = (h ^ c) * 1099511628211ull;
-  return static_cast<uint16_t>(29500 + h % 1000);
+  return static_cast<uint16_t>(29500 + fnv1a64(job_id) % 1000);
 }
 
 // A single-machine job without a token: rank 0 generates one and hands it over through a

@@ -20,6 +20,7 @@
 #include "loom/comm/transport/shm/shm_pair.h"
 #include "loom/comm/transport/tcp/tcp_pair.h"
 #include "loom/core/check.h"
+#include "loom/core/checksum.h"
 #include "loom/core/error.h"
 #include "loom/core/log.h"
 #include "loom/core/tunable.h"
@@ -52,12 +53,6 @@ struct PairHello {
   int32_t stream;    // which of the pair's TCP streams this connection is
   int32_t nstreams;  // both sides must agree
 };
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 std::string default_host_id() {
   char host[256] = {};
@@ -193,7 +188,7 @@ void Communicator::connect(Deadline deadline) {
 
   pairs_.resize(size_);
   const std::string my_name = static_cast<PrefixStore&>(*store_).prefix();
-  const uint64_t comm_hash = fnv1a(my_name);
+  const uint64_t comm_hash = fnv1a64(my_name);
   Deadline hs_deadline = deadline.earlier(Deadline::after_seconds(30));
 
   // 1. Shared-memory segments this rank creates (for higher local ranks).

@@ -33,6 +33,12 @@ uint64_t Checksum64::value() const {
   return h;
 }
 
+uint64_t fnv1a64(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * kPrime;
+  return h;
+}
+
 uint64_t checksum64(const void* data, size_t n) {
   Checksum64 c;
   c.update(data, n);

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 namespace loom {
 
@@ -20,5 +21,8 @@ class Checksum64 {
 };
 
 uint64_t checksum64(const void* data, size_t n);
+
+// 64-bit FNV-1a of a string, byte by byte (names, job ids: short keys, not file contents).
+uint64_t fnv1a64(std::string_view s);
 
 }  // namespace loom

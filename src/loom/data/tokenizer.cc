@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "loom/core/base64.h"
 #include "loom/core/error.h"
 #include "loom/data/utf8.h"
 
@@ -24,33 +25,6 @@ constexpr const char* kPattern =
     "\\p{L}\\p{N}]+"
     "|[" LOOM_JS_SPACE "]+(?![^" LOOM_JS_SPACE "])|[" LOOM_JS_SPACE "]+";
 
-int decode_b64_char(char c) {
-  if (c >= 'A' && c <= 'Z') return c - 'A';
-  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-  if (c >= '0' && c <= '9') return c - '0' + 52;
-  if (c == '+') return 62;
-  if (c == '/') return 63;
-  return -1;
-}
-
-bool base64_decode(std::string_view in, std::string& out) {
-  out.clear();
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : in) {
-    if (c == '=') break;
-    int v = decode_b64_char(c);
-    if (v < 0) return false;
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(static_cast<char>((acc >> bits) & 0xFF));
-    }
-  }
-  return true;
-}
-
 }  // namespace
 
 std::string Gpt2Tokenizer::default_vocab_path() {
@@ -65,7 +39,8 @@ std::string Gpt2Tokenizer::default_vocab_path() {
   return base + "/loom/r50k_base.tiktoken";
 }
 
-std::shared_ptr<const Gpt2Tokenizer> Gpt2Tokenizer::load(const std::string& path) {
+std::shared_ptr<const Gpt2Tokenizer> Gpt2Tokenizer::load(const std::string& given) {
+  const std::string path = given.empty() ? default_vocab_path() : given;
   std::ifstream f(path);
   if (!f)
     throw UserError("cannot read the GPT-2 vocabulary " + path,

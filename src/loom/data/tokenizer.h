@@ -24,7 +24,8 @@ class Gpt2Tokenizer {
   static constexpr int kEndOfText = 50256;
   static constexpr int kVocabSize = 50257;
 
-  // Reads the ranks file; UserError naming the file when it is missing or malformed.
+  // Reads the ranks file ("" = default_vocab_path()); UserError naming the file when it is
+  // missing or malformed.
   static std::shared_ptr<const Gpt2Tokenizer> load(const std::string& path);
   // $LOOM_TOKENIZER_VOCAB, else $XDG_CACHE_HOME or ~/.cache + /loom/r50k_base.tiktoken.
   static std::string default_vocab_path();
