@@ -5,11 +5,13 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git
   libssl-dev libcli11-dev nlohmann-json3-dev libpcre2-dev zlib1g-dev liblzma-dev
-  libopenblas-dev                   # GEMM for the CPU kernels
+  libdnnl-dev                       # oneDNN: GEMM (fp32, bf16) for the CPU kernels
+  libopenblas-dev                   # the other BLAS, measured against oneDNN in bench/
+  libtomlplusplus-dev               # training configs
   libgtest-dev libgmock-dev
   clang clang-format libclang-rt-14-dev libomp-14-dev   # libFuzzer, sanitizers, formatting, OpenMP for clang
   openmpi-bin libopenmpi-dev libgloo-dev iperf3   # peers for bench/ (side-by-side numbers)
-  bible-kjv bible-kjv-text          # a small public-domain corpus (tokenizer benchmark)
+  bible-kjv bible-kjv-text          # a small public-domain corpus (README's main job, tests)
   python3-torch                     # PyTorch 1.13: the reference the model is tested against
 )
 missing=()

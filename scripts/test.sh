@@ -33,7 +33,8 @@ if [ "${LOOM_TEST_QUICK:-0}" != 1 ]; then
   unset TSAN_OPTIONS
 
   step "libFuzzer: store wire decoder"
-  CC=clang CXX=clang++ bash scripts/build.sh build-fuzz -DLOOM_FUZZ=ON -DLOOM_BUILD_TESTS=OFF
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DLOOM_FUZZ=ON -DLOOM_BUILD_TESTS=OFF > /dev/null
+  cmake --build build-fuzz -j "$(nproc)" --target store_wire_fuzz
   mkdir -p build-fuzz/corpus
   ./build-fuzz/tests/fuzz/store_wire_fuzz -max_total_time=30 -max_len=4096 build-fuzz/corpus
 fi

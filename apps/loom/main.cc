@@ -7,6 +7,7 @@
 #include "loom/core/error.h"
 #include "prep.h"
 #include "tokenize.h"
+#include "train.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"loom: distributed training for GPT-style models"};
@@ -14,6 +15,8 @@ int main(int argc, char** argv) {
   auto bench = loom::apps::add_bench_command(app);
   auto tokenize = loom::apps::add_tokenize_command(app);
   auto prep = loom::apps::add_prep_command(app);
+  auto train = loom::apps::add_train_command(app);
+  auto sample = loom::apps::add_sample_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -23,6 +26,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("bench")) return bench();
     if (app.got_subcommand("tokenize")) return tokenize();
     if (app.got_subcommand("prep")) return prep();
+    if (app.got_subcommand("train")) return train();
+    if (app.got_subcommand("sample")) return sample();
   } catch (const loom::UserError& e) {
     std::fprintf(stderr, "loom: error: %s\nhint: %s\n", e.what(), e.hint().c_str());
     return 2;

@@ -61,13 +61,14 @@ TEST(Gpt, MatchesPyTorchLogitsLossAndGradients) {
   const int B = fx["B"], T = fx["T"], V = m.config().vocab_size, Vp = m.config().padded_vocab_size;
   auto tokens = fx["tokens"].get<std::vector<int>>(),
        targets = fx["targets"].get<std::vector<int>>();
-  float loss = m.forward(tokens.data(), targets.data(), B, T);
-  EXPECT_NEAR(loss, fx["loss"].get<double>(), 1e-5 * std::fabs(fx["loss"].get<double>()));
+  m.forward(tokens.data(), nullptr, B, T);  // inference: the logits stay readable
   auto want_logits = fx["logits"].get<std::vector<float>>();
   std::vector<float> got_logits;
   for (int n = 0; n < B * T; ++n)
     got_logits.insert(got_logits.end(), m.logits() + n * Vp, m.logits() + n * Vp + V);
   EXPECT_LT(normalised_error(got_logits.data(), want_logits), 1e-4);
+  float loss = m.forward(tokens.data(), targets.data(), B, T);
+  EXPECT_NEAR(loss, fx["loss"].get<double>(), 1e-5 * std::fabs(fx["loss"].get<double>()));
   m.zero_grad();
   m.backward();
   for (const Tensor& t : m.tensors()) {
@@ -103,6 +104,86 @@ TEST(Gpt, TenAdamWStepsFollowPyTorchsLossTrajectory) {
   }
 }
 
+// One forward + backward of the fixture batch; returns the loss, gradients in m.grads().
+float step_of(Gpt& m, const nlohmann::json& fx) {
+  auto tokens = fx["tokens"].get<std::vector<int>>(),
+       targets = fx["targets"].get<std::vector<int>>();
+  m.zero_grad();
+  float loss = m.forward(tokens.data(), targets.data(), fx["B"], fx["T"]);
+  m.backward();
+  return loss;
+}
+
+TEST(Gpt, RecomputeGivesIdenticalLossAndGradients) {
+  auto fx = fixture();
+  Gpt ref(config_of(fx["config"]));
+  load(ref, fx["params"]);
+  const float want = step_of(ref, fx);
+  for (int every : {1, 2}) {
+    Gpt m(config_of(fx["config"]));
+    load(m, fx["params"]);
+    m.set_recompute_every(every);
+    EXPECT_EQ(step_of(m, fx), want) << "recompute every " << every;
+    for (size_t i = 0; i < m.num_params(); ++i)
+      ASSERT_EQ(m.grads()[i], ref.grads()[i]) << "recompute every " << every << " at " << i;
+    if (every == 1) {
+      EXPECT_LT(m.activation_bytes(), ref.activation_bytes());
+    }
+  }
+}
+
+// Units bound to caller-owned buffers (as ZeRO-3 does) compute what owned storage does, and
+// the hooks see every use bracketed and each unit's gradients finished once, in reverse.
+TEST(Gpt, ExternalUnitStorageAndHookOrder) {
+  auto fx = fixture();
+  Gpt ref(config_of(fx["config"]));
+  load(ref, fx["params"]);
+  const float want = step_of(ref, fx);
+
+  Gpt m(config_of(fx["config"]), /*own_storage=*/false);
+  std::vector<std::vector<float>> p(m.num_units()), g(m.num_units());
+  for (int u = 0; u < m.num_units(); ++u) {
+    auto [b, e] = m.unit_range(u);
+    p[u].assign(ref.params() + b, ref.params() + e);
+    g[u].assign(e - b, 0.0f);
+    m.bind_unit(u, p[u].data(), g[u].data());
+  }
+  struct Recorder : UnitHooks {
+    std::vector<std::string> events;
+    int in_use = -1;
+    void before_use(int u) override {
+      EXPECT_EQ(in_use, -1) << "unit " << u << " used while " << in_use << " is in use";
+      in_use = u;
+    }
+    void after_use(int u) override {
+      EXPECT_EQ(in_use, u);
+      in_use = -1;
+    }
+    void grads_ready(int u) override { events.push_back("g" + std::to_string(u)); }
+  } rec;
+  m.set_hooks(&rec);
+  EXPECT_EQ(step_of(m, fx), want);
+  for (int u = 0; u < m.num_units(); ++u) {
+    auto [b, e] = m.unit_range(u);
+    for (size_t i = b; i < e; ++i) ASSERT_EQ(g[u][i - b], ref.grads()[i]) << "unit " << u;
+  }
+  std::vector<std::string> order;
+  for (int u = m.num_units() - 1; u >= 0; --u) order.push_back("g" + std::to_string(u));
+  EXPECT_EQ(rec.events, order);
+}
+
+// bf16 products (fp32 accumulation, fp32 master weights) stay close to fp32 but do differ.
+TEST(Gpt, Bf16ComputeIsCloseToFp32) {
+  auto fx = fixture();
+  Gpt m(config_of(fx["config"]));
+  load(m, fx["params"]);
+  const float f32 = step_of(m, fx);
+  m.set_precision(kernels::cpu::Precision::kBF16);
+  const float bf16 = step_of(m, fx);
+  EXPECT_NE(bf16, f32);
+  EXPECT_NEAR(bf16, f32, 1e-2 * f32);
+}
+
 TEST(Gpt, NamedConfigsAndValidation) {
   GptConfig s = GptConfig::named("small");
   EXPECT_EQ(s.n_layer, 6);
@@ -117,6 +198,8 @@ TEST(Gpt, NamedConfigsAndValidation) {
   bad.n_embd = 63;
   EXPECT_THROW(Gpt{bad}, UserError);
   EXPECT_EQ(g.num_units(), 12 + 2);
+  // 6 x (124,439,808 - 1024 x 768 position embeddings) + 12 x 12 layers x 768 x T
+  EXPECT_DOUBLE_EQ(g.config().flops_per_token(1024), 6.0 * 123653376 + 12.0 * 12 * 768 * 1024);
 }
 
 }  // namespace

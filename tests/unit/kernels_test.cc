@@ -12,6 +12,9 @@
 #include <random>
 #include <vector>
 
+#include "loom/core/dtype.h"
+#include "loom/kernels/cpu/vecmath.h"
+
 namespace loom::kernels::cpu {
 namespace {
 
@@ -71,8 +74,9 @@ TEST(Kernels, MatmulBackward) {
   const int N = 5, C = 7, OC = 9;
   auto x = randn(N * C, 5), w = randn(OC * C, 6), b = randn(OC, 7), g = randn(N * OC, 8);
   std::vector<float> out(N * OC);
+  Gemm gemm;
   auto loss = [&] {
-    matmul_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
+    matmul_forward(gemm, out.data(), x.data(), w.data(), b.data(), N, C, OC);
     return dot(out, g);
   };
   loss();
@@ -84,24 +88,46 @@ TEST(Kernels, MatmulBackward) {
       EXPECT_NEAR(out[n * OC + o], s, 1e-4);
     }
   std::vector<float> dx(N * C, 0), dw(OC * C, 0), db(OC, 0);
-  matmul_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), N, C, OC);
+  matmul_backward(gemm, dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(), N, C, OC);
   EXPECT_LT(grad_error(x, dx, loss), kTol);
   EXPECT_LT(grad_error(w, dw, loss), kTol);
   EXPECT_LT(grad_error(b, db, loss), kTol);
 }
 
+// bf16 mode rounds both operands to bf16 and accumulates in fp32: the result matches a
+// double-precision product of the rounded operands, and differs from the fp32 product.
+TEST(Kernels, Bf16MatmulRoundsOperandsAndAccumulatesInF32) {
+  const int N = 33, C = 70, OC = 17;
+  auto x = randn(N * C, 30), w = randn(OC * C, 31);
+  std::vector<float> out(N * OC), out32(N * OC);
+  Gemm gemm(Precision::kBF16), gemm32;
+  matmul_forward(gemm, out.data(), x.data(), w.data(), nullptr, N, C, OC);
+  matmul_forward(gemm32, out32.data(), x.data(), w.data(), nullptr, N, C, OC);
+  double max_diff32 = 0;
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      double s = 0;
+      for (int c = 0; c < C; ++c)
+        s += static_cast<double>(bf16_to_f32(f32_to_bf16(x[n * C + c]))) *
+             bf16_to_f32(f32_to_bf16(w[o * C + c]));
+      EXPECT_NEAR(out[n * OC + o], s, 1e-4 * (1 + std::fabs(s)));
+      max_diff32 = std::max(max_diff32, std::fabs(out32[n * OC + o] - s));
+    }
+  EXPECT_GT(max_diff32, 1e-3);  // the fp32 product is measurably different
+}
+
 TEST(Kernels, AttentionBackwardAndCausality) {
   const int B = 2, T = 5, C = 8, NH = 2;
   auto x = randn(B * T * 3 * C, 9), g = randn(B * T * C, 10);
-  std::vector<float> out(B * T * C), pre(B * NH * T * T), att(B * NH * T * T);
+  std::vector<float> out(B * T * C), att(B * NH * T * T);
+  Gemm gemm;
   auto loss = [&] {
-    attention_forward(out.data(), pre.data(), att.data(), x.data(), B, T, C, NH);
+    attention_forward(gemm, out.data(), att.data(), x.data(), B, T, C, NH);
     return dot(out, g);
   };
   loss();
-  std::vector<float> dx(x.size(), 0), dpre(pre.size(), 0), datt(att.size(), 0);
-  attention_backward(dx.data(), dpre.data(), datt.data(), g.data(), x.data(), att.data(), B, T, C,
-                     NH);
+  std::vector<float> dx(x.size(), 0), scratch(att.size(), 0);
+  attention_backward(gemm, dx.data(), scratch.data(), g.data(), x.data(), att.data(), B, T, C, NH);
   EXPECT_LT(grad_error(x, dx, loss, 1e-2f, 240), kTol);
   // Causality: the output at t=0 does not depend on any later position.
   auto first = out;
@@ -109,6 +135,22 @@ TEST(Kernels, AttentionBackwardAndCausality) {
   x[(0 * T + 4) * 3 * C + 2 * C + 1] += 1.0f;  // a value at t=4
   loss();
   for (int i = 0; i < C; ++i) EXPECT_EQ(out[i], first[i]);
+}
+
+TEST(Kernels, VectorExpAndTanhAreAccurate) {
+  double max_rel = 0, max_abs = 0;
+  for (double d = -87.0; d <= 88.0; d += 0.001) {
+    const float x = static_cast<float>(d);
+    const double e = std::exp(static_cast<double>(x));
+    max_rel = std::max(max_rel, std::fabs(exp_approx(x) - e) / e);
+  }
+  for (double d = -20.0; d <= 20.0; d += 0.0001) {
+    const float x = static_cast<float>(d);
+    max_abs = std::max(max_abs, std::fabs(tanh_approx(x) - std::tanh(static_cast<double>(x))));
+  }
+  EXPECT_LT(max_rel, 5e-7);
+  EXPECT_LT(max_abs, 1e-6);
+  EXPECT_EQ(exp_approx(-1000.0f), exp_approx(-87.0f));  // clamped, no denormals or NaN
 }
 
 TEST(Kernels, GeluBackward) {
@@ -154,7 +196,8 @@ TEST(Kernels, EncoderAndResidualBackward) {
 
 TEST(Kernels, SoftmaxCrossEntropyWithPaddedVocabulary) {
   const int N = 4, V = 10, Vp = 16;
-  auto logits = randn(N * Vp, 18, 2.0f), dl = randn(N, 19);
+  auto logits = randn(N * Vp, 18, 2.0f);
+  const float dl = 0.7f;  // loss = dl * sum of the per-position losses
   for (int n = 0; n < N; ++n)
     for (int i = V; i < Vp; ++i) logits[n * Vp + i] = 100.0f;  // padding must not matter
   std::vector<int> targets{0, 3, 9, 5};
@@ -162,7 +205,9 @@ TEST(Kernels, SoftmaxCrossEntropyWithPaddedVocabulary) {
   auto loss = [&] {
     softmax_forward(probs.data(), logits.data(), N, V, Vp);
     crossentropy_forward(losses.data(), probs.data(), targets.data(), N, Vp);
-    return dot(losses, dl);
+    double sum = 0;
+    for (float x : losses) sum += x;
+    return dl * sum;
   };
   loss();
   for (int n = 0; n < N; ++n) {
@@ -171,8 +216,8 @@ TEST(Kernels, SoftmaxCrossEntropyWithPaddedVocabulary) {
     EXPECT_NEAR(s, 1.0, 1e-5);
     for (int i = V; i < Vp; ++i) EXPECT_EQ(probs[n * Vp + i], 0.0f);
   }
-  std::vector<float> dlogits(N * Vp, 0);
-  crossentropy_softmax_backward(dlogits.data(), dl.data(), probs.data(), targets.data(), N, V, Vp);
+  std::vector<float> dlogits = probs;
+  crossentropy_softmax_backward_inplace(dlogits.data(), dl, targets.data(), N, V, Vp);
   for (int n = 0; n < N; ++n)
     for (int i = V; i < Vp; ++i) EXPECT_EQ(dlogits[n * Vp + i], 0.0f);
   EXPECT_LT(grad_error(logits, dlogits, loss, 1e-2f, N * Vp), kTol);

@@ -1,18 +1,29 @@
 // The GPT-2 model on the CPU kernels: token + position embeddings, pre-LayerNorm blocks
 // (causal multi-head attention, GELU MLP), final LayerNorm, LM head tied to the token
 // embedding, vocabulary padded (padded logits excluded from the loss). No parallelism here
-// (DESIGN decision 4): ZeRO, tensor and pipeline parallelism act on the units from outside.
+// (DESIGN decision 4): ZeRO, tensor and pipeline parallelism act on the units from outside
+// through bind_unit() and UnitHooks.
 //
-// Units (DESIGN decision 5): parameters live in one buffer in which each unit is a
+// Units (DESIGN decision 5): parameters live in one flat layout in which each unit is a
 // contiguous slice — unit 0 the embeddings (wte (Vp,C), wpe (maxT,C)), units 1..L the blocks,
 // unit L+1 the final LayerNorm. Gradients mirror that layout. Inside a block:
 //   ln1w ln1b (C) | qkvw (3C,C) qkvb (3C) | attprojw (C,C) attprojb (C) | ln2w ln2b (C)
 //   | fcw (4C,C) fcb (4C) | fcprojw (C,4C) fcprojb (C)
+//
+// Memory: each block keeps what its backward reads (ln1, qkv, att, atty, res2, ln2, fch,
+// gelu(fch) and the LayerNorm statistics) unless it is recomputed, in which case it keeps
+// only its input on the residual stream and backward runs its forward again into one
+// shared block's worth of buffers. Gradients of activations use one block's worth of
+// scratch, whatever the depth. The logits buffer is turned into probabilities and then
+// into logit gradients in place.
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "loom/kernels/cpu/gemm.h"
 
 namespace loom::model {
 
@@ -23,58 +34,114 @@ struct GptConfig {
   // tiny, small, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m; UserError otherwise.
   static GptConfig named(const std::string& name);
   void validate() const;  // UserError naming the field
+  // Model FLOPs of one token's forward + backward at sequence length T: 6 x parameters
+  // that enter matrix products (all but the position embeddings; the tied head counts
+  // once) + 12 x layers x C x T for attention's two products. (docs/perf.md: MFU.)
+  double flops_per_token(int T) const;
+  // As stored in checkpoints: {"name", "n_layer", ..., "padded_vocab_size"}.
+  nlohmann::json to_json() const;
+  static GptConfig from_json(const nlohmann::json& j);  // validated
 };
 
-struct Tensor {  // one named parameter tensor inside the flat buffer
+struct Tensor {  // one named parameter tensor inside the flat layout
   std::string name;
+  std::vector<int64_t> shape;
   size_t offset, size;
   int unit;
   bool decay;  // weight decay applies (matrices and embeddings, not biases or norms)
 };
 
+// Called by the model around each use of a unit's parameters and when a unit's gradients
+// are final for this backward pass. Forward uses units 0, 1..L, L+1, then 0 again (the
+// tied head); backward uses 0 (head), L+1, L..1 (each recomputed block once more), 0.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before_use(int /*unit*/) {}
+  virtual void after_use(int /*unit*/) {}
+  virtual void grads_ready(int /*unit*/) {}
+};
+
 class Gpt {
  public:
-  explicit Gpt(GptConfig cfg);
+  // With own_storage the model allocates the flat parameter and gradient buffers and binds
+  // every unit into them; without, the caller binds every unit before use (ZeRO-3).
+  explicit Gpt(GptConfig cfg, bool own_storage = true);
   const GptConfig& config() const { return cfg_; }
-  size_t num_params() const { return params_.size(); }
+  size_t num_params() const { return total_; }
+  // The owned flat buffers (own_storage only).
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
   const std::vector<Tensor>& tensors() const { return tensors_; }
-  // [begin, end) offsets of unit u's slice.
+  // [begin, end) offsets of unit u's slice in the flat layout.
   std::pair<size_t, size_t> unit_range(int u) const { return units_[u]; }
   int num_units() const { return static_cast<int>(units_.size()); }
+  // Points unit u at params/grads holding its slice (unit_range(u) sizes).
+  void bind_unit(int u, float* params, float* grads);
+  void set_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+  // Recompute policy: 0 keeps every block's activations, k >= 1 recomputes blocks
+  // 0, k, 2k, ... (1 = all).
+  void set_recompute_every(int k) { recompute_every_ = k; }
+  void set_precision(kernels::cpu::Precision p) { gemm_.set_precision(p); }
 
   // GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0,
-  // LayerNorm weights 1; deterministic in the seed.
+  // LayerNorm weights 1; deterministic in the seed (own_storage only).
   void init(uint64_t seed);
-  // Mean cross-entropy over B*T positions; keeps the activations for backward().
-  // targets may be null (inference: logits only, returns 0).
+  // Mean cross-entropy over B*T positions; keeps what backward() needs.
+  // targets may be null (inference: logits() valid, returns 0).
   float forward(const int* tokens, const int* targets, int B, int T);
-  // Accumulates d(mean loss)/d(params) into grads() (callers zero_grad() first).
-  void backward();
+  // Accumulates scale * d(mean loss)/d(params) into the gradients (callers zero them first;
+  // scale = 1/grad_accum averages micro-batches).
+  void backward(float scale = 1.0f);
   void zero_grad();
-  // (B*T, Vp) logits of the last forward.
-  const float* logits() const { return acts_.logits.data(); }
+  // (B*T, Vp) logits of the last forward without targets.
+  const float* logits() const { return logits_.data(); }
+  // Bytes of activation buffers currently allocated.
+  size_t activation_bytes() const;
 
  private:
-  struct Acts {
-    std::vector<float> encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, preatt, att, attproj, residual2,
-        ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3, lnf, lnf_mean, lnf_rstd, logits,
-        probs, losses;
+  struct BlockActs {  // what one block's backward reads
+    std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch,
+        fch_gelu;
   };
   void allocate(int B, int T);
-  float* p(int layer, int which);
-  float* g(int layer, int which);
+  bool recomputed(int l) const { return recompute_every_ > 0 && l % recompute_every_ == 0; }
+  BlockActs& acts_of(int l) { return recomputed(l) ? recompute_acts_ : blocks_[l]; }
+  void block_forward(int l, BlockActs& a, const float* in, float* out);
+  void block_backward(int l, BlockActs& a, const float* in, float* dx);
+  const float* p(int unit, size_t offset) const { return unit_params_[unit] + offset; }
+  float* p(int unit, size_t offset) { return unit_params_[unit] + offset; }
+  float* g(int unit, size_t offset) { return unit_grads_[unit] + offset; }
+  void use(int u) {
+    if (hooks_) hooks_->before_use(u);
+  }
+  void done(int u) {
+    if (hooks_) hooks_->after_use(u);
+  }
 
   GptConfig cfg_;
+  size_t total_ = 0;
   std::vector<float> params_, grads_;
   std::vector<Tensor> tensors_;
   std::vector<std::pair<size_t, size_t>> units_;
+  std::vector<float*> unit_params_, unit_grads_;
   std::vector<size_t> block_offsets_;  // offset of each of a block's 12 tensors within it
-  size_t block_size_ = 0;
-  Acts acts_, grads_acts_;
+  UnitHooks* hooks_ = nullptr;
+  int recompute_every_ = 0;
+  kernels::cpu::Gemm gemm_;
+
+  // Activations. resid_[l] is block l's input on the residual stream, resid_[L] the last
+  // block's output.
+  std::vector<std::vector<float>> resid_;
+  std::vector<BlockActs> blocks_;
+  BlockActs recompute_acts_;
+  std::vector<float> attproj_, fcproj_;  // forward scratch, not needed by backward
+  std::vector<float> lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
+  // Backward scratch, one block's worth.
+  std::vector<float> dx_, d_ln1_, d_qkv_, d_att_, d_atty_, d_ln2_, d_fch_, d_fch_gelu_, d_lnf_;
   std::vector<int> tokens_, targets_;
   int B_ = 0, T_ = 0;
+  bool have_targets_ = false;
 };
 
 }  // namespace loom::model

@@ -12,6 +12,8 @@
 
 #include <cstddef>
 
+#include "loom/kernels/cpu/gemm.h"
+
 namespace loom::kernels::cpu {
 
 // out (B,T,C) = wte[tokens] + wpe[t];  tokens (B,T), wte (V,C), wpe (maxT,C)
@@ -27,17 +29,19 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);
 
-// out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (OC); bias may be null. GEMMs via BLAS.
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC);
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC);
+// out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (OC); bias may be null. The products run
+// through `gemm` (oneDNN), in its precision (fp32, or bf16 operands with fp32 accumulation).
+void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weight,
+                    const float* bias, int N, int C, int OC);
+void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int N, int C, int OC);
 
 // Causal multi-head self-attention. inp (B,T,3C) holds q, k, v; out (B,T,C);
-// preatt and att (B,NH,T,T) are saved for backward (att = softmax of scaled preatt).
-void attention_forward(float* out, float* preatt, float* att, const float* inp, int B, int T, int C,
+// att (B,NH,T,T) = softmax of the scaled, masked q.k, saved for backward.
+// Backward overwrites scratch (B,NH,T,T) and accumulates into dinp (B,T,3C).
+void attention_forward(Gemm& gemm, float* out, float* att, const float* inp, int B, int T, int C,
                        int NH);
-void attention_backward(float* dinp, float* dpreatt, float* datt, const float* dout,
+void attention_backward(Gemm& gemm, float* dinp, float* scratch, const float* dout,
                         const float* inp, const float* att, int B, int T, int C, int NH);
 
 // GELU, tanh approximation (as GPT-2 and PyTorch's approximate="tanh").
@@ -52,12 +56,17 @@ void residual_backward(float* da, float* db, const float* dout, size_t n);
 // losses (N) = -log probs[target].
 void softmax_forward(float* probs, const float* logits, int N, int V, int Vp);
 void crossentropy_forward(float* losses, const float* probs, const int* targets, int N, int Vp);
-// dlogits += (probs - onehot(target)) * dlosses, for the first V entries of each row.
-void crossentropy_softmax_backward(float* dlogits, const float* dlosses, const float* probs,
-                                   const int* targets, int N, int V, int Vp);
+// The fused softmax + cross-entropy backward for a loss that weighs every position by dloss
+// (the mean: 1/N), in place, the one exception to the += rule: probs becomes
+// dlogits = (probs - onehot(target)) * dloss; padded entries stay 0. The logits buffer can
+// thus hold logits, probabilities and their gradient in turn.
+void crossentropy_softmax_backward_inplace(float* probs, float dloss, const int* targets, int N,
+                                           int V, int Vp);
 
-// One AdamW step (PyTorch's formulation, decoupled weight decay), t >= 1.
+// One AdamW step (PyTorch's formulation, decoupled weight decay), t >= 1, on
+// grads * grad_scale.
 void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int t);
+                  float beta1, float beta2, float eps, float weight_decay, int t,
+                  float grad_scale = 1.0f);
 
 }  // namespace loom::kernels::cpu

@@ -1,26 +1,41 @@
 // Softmax over the real vocabulary (padded logits excluded) and cross-entropy.
-// Fused backward: dlogits += (probs - onehot(target)) * dloss.
+// Fused backward, in place: dlogits = (probs - onehot(target)) * dloss.
 #include <cmath>
 
 #include "loom/kernels/cpu/kernels.h"
+#include "loom/kernels/cpu/vecmath.h"
 
 namespace loom::kernels::cpu {
 
+namespace {
+// One row: probs[i] = e^(l[i] - max) / sum over the first V entries; padding gets 0.
+// In place is allowed (probs == logits).
+LOOM_VECTOR_CLONES void softmax_row(float* p, const float* l, int V, int Vp) {
+  float maxv = -INFINITY;
+#pragma omp simd reduction(max : maxv)
+  for (int i = 0; i < V; ++i) maxv = l[i] > maxv ? l[i] : maxv;
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int i = 0; i < V; ++i) {
+    p[i] = exp_approx(l[i] - maxv);
+    sum += p[i];
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int i = 0; i < V; ++i) p[i] *= inv;
+  for (int i = V; i < Vp; ++i) p[i] = 0;
+}
+
+LOOM_VECTOR_CLONES void scale_row(float* p, float s, int V) {
+#pragma omp simd
+  for (int i = 0; i < V; ++i) p[i] *= s;
+}
+}  // namespace
+
 void softmax_forward(float* probs, const float* logits, int N, int V, int Vp) {
 #pragma omp parallel for
-  for (int n = 0; n < N; ++n) {
-    const float* l = logits + static_cast<size_t>(n) * Vp;
-    float* p = probs + static_cast<size_t>(n) * Vp;
-    float maxv = -INFINITY;
-    for (int i = 0; i < V; ++i) maxv = l[i] > maxv ? l[i] : maxv;
-    float sum = 0;
-    for (int i = 0; i < V; ++i) {
-      p[i] = std::exp(l[i] - maxv);
-      sum += p[i];
-    }
-    for (int i = 0; i < V; ++i) p[i] /= sum;
-    for (int i = V; i < Vp; ++i) p[i] = 0;
-  }
+  for (int n = 0; n < N; ++n)
+    softmax_row(probs + static_cast<size_t>(n) * Vp, logits + static_cast<size_t>(n) * Vp, V, Vp);
 }
 
 void crossentropy_forward(float* losses, const float* probs, const int* targets, int N, int Vp) {
@@ -28,14 +43,13 @@ void crossentropy_forward(float* losses, const float* probs, const int* targets,
     losses[n] = -std::log(probs[static_cast<size_t>(n) * Vp + targets[n]]);
 }
 
-void crossentropy_softmax_backward(float* dlogits, const float* dlosses, const float* probs,
-                                   const int* targets, int N, int V, int Vp) {
+void crossentropy_softmax_backward_inplace(float* probs, float dloss, const int* targets, int N,
+                                           int V, int Vp) {
 #pragma omp parallel for
   for (int n = 0; n < N; ++n) {
-    float* dl = dlogits + static_cast<size_t>(n) * Vp;
-    const float* p = probs + static_cast<size_t>(n) * Vp;
-    const float d = dlosses[n];
-    for (int i = 0; i < V; ++i) dl[i] += (p[i] - (i == targets[n] ? 1.0f : 0.0f)) * d;
+    float* p = probs + static_cast<size_t>(n) * Vp;
+    scale_row(p, dloss, V);
+    p[targets[n]] -= dloss;
   }
 }
 

@@ -1,32 +1,40 @@
-// nn.Linear: out = inp @ weight^T + bias, through BLAS sgemm (OpenBLAS).
+// nn.Linear: out = inp @ weight^T + bias, the products through Gemm (oneDNN).
 //   dinp    += dout @ weight          (N,OC)x(OC,C)
 //   dweight += dout^T @ inp           (OC,N)x(N,C)
 //   dbias   += column sums of dout
-#include <cblas.h>
+#include <algorithm>
 
 #include "loom/kernels/cpu/kernels.h"
 
 namespace loom::kernels::cpu {
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out,
-              OC);
+void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weight,
+                    const float* bias, int N, int C, int OC) {
+  gemm.run({N, OC, C}, {inp, C, 1}, {weight, 1, C}, {out, OC, 1}, 1.0f, false);
   if (!bias) return;
 #pragma omp parallel for
   for (int n = 0; n < N; ++n)
     for (int o = 0; o < OC; ++o) out[static_cast<size_t>(n) * OC + o] += bias[o];
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f,
-              dinp, C);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-              dweight, C);
+void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int N, int C, int OC) {
+  gemm.run({N, C, OC}, {dout, OC, 1}, {weight, C, 1}, {dinp, C, 1}, 1.0f, true);
+  gemm.run({OC, C, N}, {dout, 1, OC}, {inp, C, 1}, {dweight, C, 1}, 1.0f, true);
   if (!dbias) return;
-  for (int n = 0; n < N; ++n)
-    for (int o = 0; o < OC; ++o) dbias[o] += dout[static_cast<size_t>(n) * OC + o];
+  // Column sums: each thread sums a block of columns over all rows (rows are contiguous,
+  // so a thread streams its column block row after row).
+  constexpr int kBlock = 64;
+#pragma omp parallel for
+  for (int o0 = 0; o0 < OC; o0 += kBlock) {
+    const int o1 = std::min(OC, o0 + kBlock);
+    float acc[kBlock] = {};
+    for (int n = 0; n < N; ++n) {
+      const float* row = dout + static_cast<size_t>(n) * OC;
+      for (int o = o0; o < o1; ++o) acc[o - o0] += row[o];
+    }
+    for (int o = o0; o < o1; ++o) dbias[o] += acc[o - o0];
+  }
 }
 
 }  // namespace loom::kernels::cpu

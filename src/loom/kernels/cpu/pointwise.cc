@@ -1,35 +1,55 @@
 // Element-wise layers: GELU (tanh approximation) and the residual add.
 //   gelu(x) = 0.5 x (1 + tanh(s (x + 0.044715 x^3))),  s = sqrt(2/pi)
+#include <algorithm>
 #include <cmath>
 
 #include "loom/kernels/cpu/kernels.h"
+#include "loom/kernels/cpu/vecmath.h"
 
 namespace loom::kernels::cpu {
 namespace {
 constexpr float kS = 0.7978845608028654f;  // sqrt(2/pi)
 }
 
-void gelu_forward(float* out, const float* inp, size_t n) {
-#pragma omp parallel for
+namespace {
+constexpr size_t kChunk = 1 << 14;  // elements per parallel task
+
+LOOM_VECTOR_CLONES void gelu_forward_chunk(float* out, const float* inp, size_t n) {
+#pragma omp simd
   for (size_t i = 0; i < n; ++i) {
-    float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + std::tanh(kS * (x + 0.044715f * x * x * x)));
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + tanh_approx(kS * (x + 0.044715f * x * x * x)));
   }
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-#pragma omp parallel for
+LOOM_VECTOR_CLONES void gelu_backward_chunk(float* dinp, const float* inp, const float* dout,
+                                            size_t n) {
+#pragma omp simd
   for (size_t i = 0; i < n; ++i) {
-    float x = inp[i];
-    float u = kS * (x + 0.044715f * x * x * x);
-    float th = std::tanh(u);
-    float sech2 = 1.0f - th * th;
-    float local = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kS * (1.0f + 3.0f * 0.044715f * x * x);
+    const float x = inp[i];
+    const float th = tanh_approx(kS * (x + 0.044715f * x * x * x));
+    const float sech2 = 1.0f - th * th;
+    const float local =
+        0.5f * (1.0f + th) + 0.5f * x * sech2 * kS * (1.0f + 3.0f * 0.044715f * x * x);
     dinp[i] += local * dout[i];
   }
 }
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t c = 0; c < n; c += kChunk)
+    gelu_forward_chunk(out + c, inp + c, std::min(kChunk, n - c));
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t c = 0; c < n; c += kChunk)
+    gelu_backward_chunk(dinp + c, inp + c, dout + c, std::min(kChunk, n - c));
+}
 
 void residual_forward(float* out, const float* a, const float* b, size_t n) {
+#pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 

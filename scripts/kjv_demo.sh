@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# loom's main job on one machine: the King James Bible (Debian bible-kjv, public domain)
+# -> GPT-2 token shards -> train the `tiny` model for a few minutes -> sample from it.
+# Rerunnable: existing data is reused and an existing run is resumed (or just sampled).
+#   LOOM_DEMO_STEPS=N overrides train.steps (configs/tiny.toml: 600).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+loom=build/apps/loom/loom
+mkdir -p data
+if [ ! -f data/kjv/manifest.json ]; then
+  bible -f gen1:1-rev22:21 > data/kjv.txt
+  "$loom" prep -i data/kjv.txt -o data/kjv
+fi
+steps=()
+[ -n "${LOOM_DEMO_STEPS:-}" ] && steps=(--set "train.steps=$LOOM_DEMO_STEPS")
+"$loom" train -c configs/tiny.toml --set data.path=data/kjv --set run.dir=runs/tiny "${steps[@]}" --resume
+echo
+echo "--- sample (loom sample --ckpt runs/tiny --prompt 'And God said') ---"
+"$loom" sample --ckpt runs/tiny --prompt "And God said" --tokens 80 --seed 1

@@ -1,0 +1,20 @@
+// Files that are either wholly written or not there at all: write to a temporary name in
+// the same folder, fsync, rename over the target, fsync the folder. A crash at any point
+// leaves the old content (or nothing) in place, never a half-written file.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace loom {
+
+// Throws UserError naming the path when it cannot be written.
+void write_file_atomic(const std::string& path, std::string_view content);
+// Reads a whole file; UserError naming the path when it cannot be read.
+std::string read_file(const std::string& path);
+// fsync a folder so that renames inside it are durable.
+void fsync_dir(const std::string& dir);
+// fsync a file by path.
+void fsync_file(const std::string& path);
+
+}  // namespace loom

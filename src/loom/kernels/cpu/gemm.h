@@ -1,0 +1,59 @@
+// Matrix products for the CPU kernels, through oneDNN's matmul primitive.
+//
+// Why oneDNN and not OpenBLAS: on this machine oneDNN 2.6 runs the model's shapes at
+// ~430-470 GFLOP/s fp32 and ~800-950 GFLOP/s bf16 on 2 cores, OpenBLAS 0.3.21 at ~230
+// (bench/gemm_peak.cc measures both; docs/perf.md has the table).
+//
+// A Gemm object owns the engine, a cache of primitives keyed by shape, strides and mode,
+// and the bf16 staging buffers; one per model (it is not thread-safe). In bf16 mode the
+// operands are rounded to bf16 (round to nearest even) just before the product and the
+// product accumulates in fp32 into an fp32 result — the same numerics as PyTorch's CPU
+// autocast. Products marked fp32-only (attention) ignore the mode.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+namespace loom::kernels::cpu {
+
+enum class Precision { kF32, kBF16 };
+
+// A batch of matrices over a float buffer: element (b0, b1, row, col) lives at
+// data[b0 * batch0 + b1 * batch1 + row * row_stride + col * col_stride].
+struct MatrixView {
+  const float* data;
+  int64_t row_stride, col_stride;
+  int64_t batch0 = 0, batch1 = 0;
+};
+
+struct GemmShape {
+  int64_t M, N, K;
+  int64_t batch0 = 1, batch1 = 1;
+};
+
+class Gemm {
+ public:
+  explicit Gemm(Precision precision = Precision::kF32);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  Precision precision() const { return precision_; }
+  void set_precision(Precision p) { precision_ = p; }
+
+  // c (M,N) = alpha * a (M,K) @ b (K,N), plus the old c when accumulate; for every batch.
+  // c's view must not overlap a or b.
+  void run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, float alpha,
+           bool accumulate, bool allow_bf16 = true);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  Precision precision_;
+};
+
+// The MFU denominator: the best of 10 square 1024^3 products in `p` on the calling thread
+// team (the library's best case at this machine's clocks and this process's threads).
+double measure_peak_gflops(Precision p);
+
+}  // namespace loom::kernels::cpu

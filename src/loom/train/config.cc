@@ -1,0 +1,271 @@
+#include "loom/train/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <variant>
+
+#include "loom/core/error.h"
+
+namespace loom::train {
+
+namespace {
+
+using FieldPtr = std::variant<int64_t*, double*, std::string*>;
+
+struct Field {
+  std::string key;
+  FieldPtr ptr;
+  // Returns what is wrong with the field's value, or "" when it is fine.
+  std::function<std::string()> check;
+};
+
+std::string at_least(int64_t v, int64_t min) {
+  return v >= min ? "" : "must be at least " + std::to_string(min);
+}
+std::string in_range(double v, double lo, double hi) {
+  return v >= lo && v <= hi ? ""
+                            : "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+}
+std::string one_of(const std::string& v, const std::vector<std::string>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return "";
+  std::string s = "must be one of";
+  for (const auto& a : allowed) s += " " + a;
+  return s;
+}
+
+std::vector<Field> fields_of(TrainConfig& c) {
+  return {
+      {"model.name", &c.model_name, [] { return std::string(); }},
+      {"data.path", &c.data_path, [] { return std::string(); }},
+      {"train.steps", &c.steps, [&] { return at_least(c.steps, 1); }},
+      {"train.micro_batch", &c.micro_batch, [&] { return at_least(c.micro_batch, 1); }},
+      {"train.seq_len", &c.seq_len, [&] { return at_least(c.seq_len, 1); }},
+      {"train.grad_accum", &c.grad_accum, [&] { return at_least(c.grad_accum, 0); }},
+      {"train.global_batch", &c.global_batch, [&] { return at_least(c.global_batch, 0); }},
+      {"train.seed", &c.seed, [&] { return at_least(c.seed, 0); }},
+      {"train.dtype", &c.dtype,
+       [&] {
+         return one_of(c.dtype, {"fp32", "bf16"});
+       }},
+      {"train.threads", &c.threads, [&] { return at_least(c.threads, 0); }},
+      {"train.recompute", &c.recompute,
+       [&] {
+         if (c.recompute == "none" || c.recompute == "all") return std::string();
+         if (c.recompute.starts_with("every_")) {
+           try {
+             if (std::stoi(c.recompute.substr(6)) >= 1) return std::string();
+           } catch (const std::exception&) {
+           }
+         }
+         return std::string("must be none, all or every_K with K >= 1");
+       }},
+      {"train.zero", &c.zero,
+       [&] { return c.zero >= 0 && c.zero <= 3 ? "" : "must be 0, 1, 2 or 3"; }},
+      {"optim.lr", &c.lr, [&] { return in_range(c.lr, 0, 10); }},
+      {"optim.min_lr_ratio", &c.min_lr_ratio, [&] { return in_range(c.min_lr_ratio, 0, 1); }},
+      {"optim.warmup_steps", &c.warmup_steps, [&] { return at_least(c.warmup_steps, 0); }},
+      {"optim.beta1", &c.beta1, [&] { return in_range(c.beta1, 0, 0.999999); }},
+      {"optim.beta2", &c.beta2, [&] { return in_range(c.beta2, 0, 0.999999); }},
+      {"optim.eps", &c.eps, [&] { return in_range(c.eps, 0, 1); }},
+      {"optim.weight_decay", &c.weight_decay, [&] { return in_range(c.weight_decay, 0, 10); }},
+      {"optim.grad_clip", &c.grad_clip, [&] { return in_range(c.grad_clip, 0, 1e9); }},
+      {"optim.lr_scale", &c.lr_scale,
+       [&] {
+         return one_of(c.lr_scale, {"none", "linear"});
+       }},
+      {"eval.every", &c.eval_every, [&] { return at_least(c.eval_every, 0); }},
+      {"eval.batches", &c.eval_batches, [&] { return at_least(c.eval_batches, 1); }},
+      {"ckpt.every", &c.ckpt_every, [&] { return at_least(c.ckpt_every, 0); }},
+      {"ckpt.keep", &c.ckpt_keep, [&] { return at_least(c.ckpt_keep, 1); }},
+      {"run.dir", &c.run_dir, [&] { return c.run_dir.empty() ? "must not be empty" : ""; }},
+      {"run.log_every", &c.log_every, [&] { return at_least(c.log_every, 1); }},
+      {"metrics.peak_gflops", &c.peak_gflops, [&] { return in_range(c.peak_gflops, 0, 1e9); }},
+  };
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+UserError unknown_key(const std::string& key, const std::vector<Field>& fields,
+                      const std::string& where) {
+  std::string best;
+  size_t best_d = 4;
+  for (const auto& f : fields) {
+    size_t d = edit_distance(key, f.key);
+    if (d < best_d) best_d = d, best = f.key;
+  }
+  std::string hint = best.empty() ? "the keys are listed in docs/formats.md (training config)"
+                                  : "did you mean '" + best + "'?";
+  return UserError("unknown config key '" + key + "'" + where, hint);
+}
+
+std::string describe(const toml::node& n) {
+  std::ostringstream s;
+  if (n.is_string())
+    s << '"' << *n.value<std::string>() << '"';
+  else if (n.is_table())
+    s << "a table";
+  else if (n.is_array())
+    s << "an array";
+  else
+    n.visit([&](auto&& v) { s << v; });
+  return s.str();
+}
+
+// Stores node `n` into field `f`, or throws naming the key and the expected type.
+void assign(const Field& f, const toml::node& n) {
+  auto wrong = [&](const char* want) {
+    return UserError(f.key + " = " + describe(n) + " is invalid: expected " + want,
+                     "fix the value in the config file or the --set override");
+  };
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          if (!n.is_integer()) throw wrong("an integer");
+          *p = *n.value<int64_t>();
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (!n.is_number()) throw wrong("a number");
+          *p = *n.value<double>();
+        } else {
+          if (!n.is_string()) throw wrong("a string");
+          *p = *n.value<std::string>();
+        }
+      },
+      f.ptr);
+}
+
+// An override's value as TOML ("3e-4", "true", "\"x\"", "[1,2]"); anything that does not
+// parse as a TOML value is taken as a bare string (run.dir=runs/a).
+toml::table override_value(const std::string& value) {
+  try {
+    toml::table t = toml::parse("v = " + value);
+    return t;
+  } catch (const toml::parse_error&) {
+    toml::table t;
+    t.insert("v", value);
+    return t;
+  }
+}
+
+}  // namespace
+
+TrainConfig TrainConfig::load(const std::string& path, const std::vector<std::string>& overrides) {
+  toml::table root;
+  if (!path.empty()) {
+    try {
+      root = toml::parse_file(path);
+    } catch (const toml::parse_error& e) {
+      const auto& at = e.source().begin;
+      throw UserError("cannot read config " + path + " (line " + std::to_string(at.line) +
+                          ", column " + std::to_string(at.column) +
+                          "): " + std::string(e.description()),
+                      "check that the file exists and is valid TOML");
+    }
+  }
+  TrainConfig c;
+  std::vector<Field> fields = fields_of(c);
+  std::map<std::string, const Field*> by_key;
+  for (const auto& f : fields) by_key[f.key] = &f;
+
+  // Every key in the file must be known.
+  std::set<std::string> seen;
+  for (auto&& [section, node] : root) {
+    const std::string s(section.str());
+    if (!node.is_table()) throw unknown_key(s, fields, " in " + path);
+    for (auto&& [key, value] : *node.as_table()) {
+      const std::string full = s + "." + std::string(key.str());
+      auto it = by_key.find(full);
+      if (it == by_key.end()) throw unknown_key(full, fields, " in " + path);
+      assign(*it->second, value);
+    }
+  }
+  for (const std::string& o : overrides) {
+    const size_t eq = o.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UserError("--set '" + o + "' is not key=value", "write it like --set optim.lr=3e-4");
+    const std::string key = o.substr(0, eq);
+    auto it = by_key.find(key);
+    if (it == by_key.end()) throw unknown_key(key, fields, " (in --set)");
+    toml::table v = override_value(o.substr(eq + 1));
+    assign(*it->second, *v.get("v"));
+  }
+  for (const auto& f : fields)
+    if (std::string what = f.check(); !what.empty()) {
+      std::string shown;
+      std::visit(
+          [&](auto* p) {
+            if constexpr (std::is_same_v<std::remove_pointer_t<decltype(p)>, std::string>)
+              shown = '"' + *p + '"';
+            else
+              shown = std::to_string(*p);
+          },
+          f.ptr);
+      throw UserError(f.key + " = " + shown + " is invalid: " + what,
+                      "fix the value in the config file or the --set override");
+    }
+  if (c.data_path.empty())
+    throw UserError("data.path is not set",
+                    "point it at a folder made by `loom prep` (--set data.path=DIR)");
+  return c;
+}
+
+void TrainConfig::resolve_batch(int dp_size) {
+  const int64_t per_accum = micro_batch * dp_size;
+  if (global_batch == 0) {
+    if (grad_accum == 0) grad_accum = 1;
+    global_batch = per_accum * grad_accum;
+    return;
+  }
+  if (global_batch % per_accum != 0)
+    throw UserError("train.global_batch = " + std::to_string(global_batch) +
+                        " is not a multiple of train.micro_batch (" + std::to_string(micro_batch) +
+                        ") x data-parallel ranks (" + std::to_string(dp_size) + ")",
+                    "choose a global batch that divides, or change micro_batch or the rank count");
+  const int64_t derived = global_batch / per_accum;
+  if (grad_accum != 0 && grad_accum != derived)
+    throw UserError("train.grad_accum = " + std::to_string(grad_accum) +
+                        " disagrees with train.global_batch = " + std::to_string(global_batch) +
+                        " (micro_batch " + std::to_string(micro_batch) + " x " +
+                        std::to_string(dp_size) + " ranks needs grad_accum " +
+                        std::to_string(derived) + ")",
+                    "set only one of train.global_batch and train.grad_accum");
+  grad_accum = derived;
+}
+
+int TrainConfig::recompute_every() const {
+  if (recompute == "none") return 0;
+  if (recompute == "all") return 1;
+  return std::stoi(recompute.substr(6));
+}
+
+std::string TrainConfig::to_toml() const {
+  TrainConfig copy = *this;
+  std::map<std::string, toml::table> sections;
+  for (const auto& f : fields_of(copy)) {
+    const size_t dot = f.key.find('.');
+    toml::table& t = sections[f.key.substr(0, dot)];
+    std::visit([&](auto* p) { t.insert(f.key.substr(dot + 1), *p); }, f.ptr);
+  }
+  toml::table root;
+  for (auto& [name, t] : sections) root.insert(name, std::move(t));
+  std::ostringstream s;
+  s << root << "\n";
+  return s.str();
+}
+
+}  // namespace loom::train

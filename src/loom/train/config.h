@@ -1,0 +1,65 @@
+// The training configuration (DESIGN decision 10): one TOML file, any key overridable on
+// the command line with --set section.key=value, validated at load with messages that name
+// the key, the value and what was expected. Unknown keys are errors (with the nearest known
+// key as a hint), so a typo never silently trains with a default.
+//
+// Batch arithmetic: train.global_batch (sequences per optimizer step, over all
+// data-parallel ranks) = train.micro_batch x train.grad_accum x data-parallel size. Give
+// either global_batch or grad_accum (or both, consistent); resolve_batch() derives the
+// other, so the same file means the same optimisation on any number of ranks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom::train {
+
+struct TrainConfig {
+  // [model]
+  std::string model_name = "tiny";
+  // [data]
+  std::string data_path;
+  // [train]
+  int64_t steps = 100;
+  int64_t micro_batch = 4;
+  int64_t seq_len = 64;
+  int64_t grad_accum = 0;    // 0: derived from global_batch
+  int64_t global_batch = 0;  // 0: derived from grad_accum (default 1)
+  int64_t seed = 1337;
+  std::string dtype = "fp32";      // fp32 | bf16 (bf16 products, fp32 master weights and sums)
+  int64_t threads = 0;             // OpenMP threads per rank; 0: the cores this rank may use
+  std::string recompute = "none";  // none | all | every_K
+  int64_t zero = 0;                // ZeRO stage (data-parallel runs)
+  // [optim]
+  double lr = 6e-4;
+  double min_lr_ratio = 0.1;  // cosine decays to lr x this at train.steps
+  int64_t warmup_steps = 10;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.1;      // matrices and embeddings only
+  double grad_clip = 1.0;         // global L2 norm; 0 disables
+  std::string lr_scale = "none";  // none | linear (x data-parallel size, Horovod's convention)
+  // [eval]
+  int64_t eval_every = 0;  // steps; 0: never
+  int64_t eval_batches = 4;
+  // [ckpt]
+  int64_t ckpt_every = 0;  // steps; 0: only at the end
+  int64_t ckpt_keep = 3;
+  // [run]
+  std::string run_dir = "runs/default";
+  int64_t log_every = 1;
+  // [metrics]
+  double peak_gflops = 0;  // per rank, for MFU; 0: measured at start (docs/perf.md)
+
+  // Reads `path` (empty: defaults only), then applies each "key=value" override.
+  static TrainConfig load(const std::string& path, const std::vector<std::string>& overrides);
+  // Derives grad_accum or global_batch for `dp_size` data-parallel ranks; UserError naming
+  // the keys when they do not divide.
+  void resolve_batch(int dp_size);
+  // Blocks to recompute in backward: 0 none, 1 all, K every K-th.
+  int recompute_every() const;
+  // The resolved configuration as TOML (written to the run directory).
+  std::string to_toml() const;
+};
+
+}  // namespace loom::train

@@ -1,0 +1,192 @@
+// The training configuration, checkpoint format and TensorBoard encoder, from outside.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <barrier>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "loom/ckpt/checkpoint.h"
+#include "loom/core/error.h"
+#include "loom/train/config.h"
+#include "loom/train/optimizer.h"
+#include "loom/train/tensorboard.h"
+
+namespace loom {
+namespace {
+namespace fs = std::filesystem;
+using train::TrainConfig;
+
+std::string temp_dir(const std::string& name) {
+  fs::path p =
+      fs::temp_directory_path() / ("loom-train-test-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string write(const std::string& dir, const std::string& text) {
+  const std::string path = dir + "/c.toml";
+  std::ofstream(path) << text;
+  return path;
+}
+
+// The message of the UserError that f throws ("" if none).
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return std::string(e.what()) + " | " + e.hint();
+  }
+  return "";
+}
+
+TEST(Config, FileThenOverridesWithTypesChecked) {
+  auto dir = temp_dir("cfg");
+  auto path = write(dir,
+                    "[model]\nname = \"small\"\n[data]\npath = \"d\"\n[train]\nsteps = 7\n"
+                    "[optim]\nlr = 1e-3\n");
+  TrainConfig c = TrainConfig::load(
+      path, {"optim.lr=3e-4", "run.dir=runs/x", "train.dtype=bf16", "optim.warmup_steps=2"});
+  EXPECT_EQ(c.model_name, "small");
+  EXPECT_EQ(c.steps, 7);
+  EXPECT_DOUBLE_EQ(c.lr, 3e-4);
+  EXPECT_EQ(c.run_dir, "runs/x");
+  EXPECT_EQ(c.dtype, "bf16");
+  EXPECT_EQ(c.warmup_steps, 2);
+  // The resolved config round-trips through its TOML.
+  auto again = TrainConfig::load(write(dir, c.to_toml()), {});
+  EXPECT_EQ(again.to_toml(), c.to_toml());
+}
+
+TEST(Config, ErrorsNameTheKeyAndSuggest) {
+  auto dir = temp_dir("cfgerr");
+  auto base = write(dir, "[data]\npath = \"d\"\n");
+  EXPECT_NE(error_of([&] {
+              TrainConfig::load(base, {"train.stpes=3"});
+            }).find("unknown config key 'train.stpes'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              TrainConfig::load(base, {"train.stpes=3"});
+            }).find("did you mean 'train.steps'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              TrainConfig::load(base, {"train.steps=many"});
+            }).find("train.steps = \"many\" is invalid: expected an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              TrainConfig::load(base, {"train.micro_batch=0"});
+            }).find("train.micro_batch = 0 is invalid: must be at least 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { TrainConfig::load(base, {"train.dtype=fp8"}); }).find("train.dtype"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { TrainConfig::load(base, {"optim.lr"}); }).find("not key=value"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              TrainConfig::load(write(dir, "[train]\nsteps = 3\n"), {});
+            }).find("data.path is not set"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              TrainConfig::load(write(dir, "[data]\npath = 3\n"), {});
+            }).find("data.path = 3 is invalid: expected a string"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { TrainConfig::load(write(dir, "[data\npath = 3\n"), {}); }).find("line 1"),
+      std::string::npos);
+  EXPECT_NE(error_of([&] { TrainConfig::load(dir + "/missing.toml", {}); }).find("missing.toml"),
+            std::string::npos);
+}
+
+TEST(Config, BatchArithmetic) {
+  TrainConfig c;
+  c.micro_batch = 4, c.global_batch = 32;
+  c.resolve_batch(2);
+  EXPECT_EQ(c.grad_accum, 4);
+  TrainConfig d;
+  d.micro_batch = 4, d.grad_accum = 3;
+  d.resolve_batch(2);
+  EXPECT_EQ(d.global_batch, 24);
+  TrainConfig e;
+  e.micro_batch = 4, e.global_batch = 30;
+  EXPECT_NE(error_of([&] { e.resolve_batch(2); }).find("train.global_batch = 30"),
+            std::string::npos);
+  TrainConfig f;
+  f.micro_batch = 4, f.global_batch = 32, f.grad_accum = 2;
+  EXPECT_NE(error_of([&] { f.resolve_batch(2); }).find("needs grad_accum 4"), std::string::npos);
+}
+
+TEST(Schedule, WarmupThenCosineToTheFloor) {
+  TrainConfig c;
+  c.steps = 110, c.warmup_steps = 10, c.min_lr_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 1.0, 0), 0.1);
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 1.0, 9), 1.0);
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 1.0, 10), 1.0);
+  EXPECT_NEAR(train::learning_rate(c, 1.0, 60), 0.55, 1e-12);
+  EXPECT_NEAR(train::learning_rate(c, 1.0, 110), 0.1, 1e-12);
+}
+
+TEST(TensorBoard, Crc32cKnownAnswer) {
+  EXPECT_EQ(train::crc32c("123456789", 9), 0xE3069283u);  // the Castagnoli check value
+}
+
+// Two writer ranks (threads) each write half of every tensor; a reader gets any range back.
+TEST(Checkpoint, ShardedSaveReadsBackAnyRange) {
+  auto root = temp_dir("ckpt");
+  std::vector<float> full(1000);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i) * 0.5f;
+  std::barrier sync(2);
+  auto rank = [&](int r) {
+    ckpt::SaveOptions o{root, 5, r, 2, 2, [&] { sync.arrive_and_wait(); }};
+    std::vector<ckpt::Piece> pieces = {
+        {"param/w", {10, 100}, r * 500, 500, full.data() + r * 500},
+        {"adam_m/w", {10, 100}, r * 500, 500, full.data() + r * 500}};
+    ckpt::save(o, pieces, {{"next_step", 5}});
+  };
+  std::thread t0(rank, 0), t1(rank, 1);
+  t0.join(), t1.join();
+  EXPECT_EQ(ckpt::latest(root), root + "/step_00000005");
+  ckpt::Reader rd(ckpt::latest(root));
+  EXPECT_EQ(rd.meta()["next_step"], 5);
+  EXPECT_EQ(rd.shape("param/w"), (std::vector<int64_t>{10, 100}));
+  std::vector<float> got(300);
+  rd.read("param/w", 400, 300, got.data());  // spans both pieces
+  for (int i = 0; i < 300; ++i) ASSERT_EQ(got[i], full[400 + i]);
+  EXPECT_NE(error_of([&] { rd.read("param/nope", 0, 1, got.data()); }).find("param/nope"),
+            std::string::npos);
+  // Corruption is detected and names the file.
+  {
+    std::fstream f(root + "/step_00000005/data-00001.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);
+    f.put('x');
+  }
+  EXPECT_NE(error_of([&] {
+              rd.read("param/w", 900, 10, got.data());
+            }).find("data-00001.bin fails its checksum"),
+            std::string::npos);
+  EXPECT_EQ(error_of([&] { rd.read("param/w", 0, 10, got.data()); }),
+            "");  // rank 0's piece is fine
+}
+
+TEST(Checkpoint, InterruptedSaveLeavesThePreviousOneAndKeepPrunes) {
+  auto root = temp_dir("ckpt2");
+  std::vector<float> x(10, 1.0f);
+  for (int step : {1, 2, 3}) {
+    ckpt::SaveOptions o;
+    o.root = root, o.step = step, o.keep = 2;
+    ckpt::save(o, {{"param/x", {10}, 0, 10, x.data()}}, {{"next_step", step}});
+  }
+  EXPECT_FALSE(fs::exists(root + "/step_00000001"));  // pruned: keep = 2
+  // A save that died half-way: a staging folder without a manifest.
+  fs::create_directories(root + "/.step_00000004.tmp");
+  std::ofstream(root + "/.step_00000004.tmp/data-00000.bin") << "partial";
+  EXPECT_EQ(ckpt::latest(root), root + "/step_00000003");
+  EXPECT_NE(
+      error_of([&] { ckpt::Reader r(root + "/.step_00000004.tmp"); }).find("manifest.json missing"),
+      std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom
