@@ -2,7 +2,7 @@
 # loom's main job on one machine: the King James Bible (Debian bible-kjv, public domain)
 # -> GPT-2 token shards -> train the `tiny` model for a few minutes -> sample from it.
 # Rerunnable: existing data is reused and an existing run is resumed (or just sampled).
-#   LOOM_DEMO_STEPS=N overrides train.steps (configs/tiny.toml: 600).
+#   LOOM_DEMO_STEPS=N overrides train.steps (configs/tiny.toml: 2000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 loom=build/apps/loom/loom
