@@ -39,11 +39,9 @@ namespace {
 // Index of the next token drawn from the first V logits at `temperature` (0: greedy),
 // restricted to the top_k most likely (0: all).
 int draw(const float* logits, int V, double temperature, int top_k, std::mt19937_64& rng) {
+  if (temperature <= 0) return static_cast<int>(std::max_element(logits, logits + V) - logits);
   std::vector<int> idx(V);
   for (int i = 0; i < V; ++i) idx[i] = i;
-  if (temperature <= 0)
-    return *std::max_element(idx.begin(), idx.end(),
-                             [&](int a, int b) { return logits[a] < logits[b]; });
   const int k = top_k > 0 ? std::min(top_k, V) : V;
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
                     [&](int a, int b) { return logits[a] > logits[b]; });

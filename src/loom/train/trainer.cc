@@ -67,7 +67,7 @@ class Trainer {
   void open_data();
   void prepare_run_dir();
   int64_t restore();  // returns the first step to run
-  float train_step(int64_t step, double* grad_norm);
+  float train_step(int64_t step, double lr, double* grad_norm);
   double evaluate();
   void save(int64_t next_step);
   void log_step(int64_t step, float loss, double lr, double grad_norm, double step_s);
@@ -83,7 +83,6 @@ class Trainer {
   std::unique_ptr<TensorBoardWriter> tb_;
   std::ofstream metrics_;
   double peak_gflops_ = 0;
-  double peak_lr_ = 0;
   Clock::time_point started_;
   int64_t first_step_ = 0;
 };
@@ -157,7 +156,7 @@ void Trainer::save(int64_t next_step) {
   ckpt::save(so, pieces, meta);
 }
 
-float Trainer::train_step(int64_t step, double* grad_norm) {
+float Trainer::train_step(int64_t step, double lr, double* grad_norm) {
   const int mb = static_cast<int>(cfg_.micro_batch), T = static_cast<int>(cfg_.seq_len);
   const size_t mbt = static_cast<size_t>(mb) * T;
   loader_->batch(static_cast<uint64_t>(step), x_.data(), y_.data());
@@ -172,8 +171,7 @@ float Trainer::train_step(int64_t step, double* grad_norm) {
   const float scale = cfg_.grad_clip > 0 && norm > cfg_.grad_clip
                           ? static_cast<float>(cfg_.grad_clip / norm)
                           : 1.0f;
-  optim_->step(model_.params(), model_.grads(), scale, learning_rate(cfg_, peak_lr_, step), cfg_,
-               step + 1);
+  optim_->step(model_.params(), model_.grads(), scale, lr, cfg_, step + 1);
   return static_cast<float>(loss_sum / cfg_.grad_accum);
 }
 
@@ -229,7 +227,6 @@ int Trainer::run() {
       cfg_.dtype == "bf16" ? kernels::cpu::Precision::kBF16 : kernels::cpu::Precision::kF32;
   model_.set_precision(precision);
   model_.set_recompute_every(cfg_.recompute_every());
-  peak_lr_ = cfg_.lr;
   open_data();
   prepare_run_dir();
   optim_ = std::make_unique<AdamW>(model_.tensors(), 0, model_.num_params());
@@ -260,10 +257,11 @@ int Trainer::run() {
   int64_t saved_at = first_step_;
   for (int64_t step = first_step_; step < cfg_.steps; ++step) {
     const auto t0 = Clock::now();
+    const double lr = learning_rate(cfg_, cfg_.lr, step);
     double norm = 0;
-    const float loss = train_step(step, &norm);
+    const float loss = train_step(step, lr, &norm);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    log_step(step, loss, learning_rate(cfg_, peak_lr_, step), norm, dt);
+    log_step(step, loss, lr, norm, dt);
     if (cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) {
       const double val = evaluate();
       metrics_ << nlohmann::json{{"step", step + 1}, {"val_loss", val}}.dump() << "\n";
