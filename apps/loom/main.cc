@@ -6,6 +6,7 @@
 #include "bench.h"
 #include "loom/core/error.h"
 #include "prep.h"
+#include "run.h"
 #include "tokenize.h"
 #include "train.h"
 
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
   auto prep = loom::apps::add_prep_command(app);
   auto train = loom::apps::add_train_command(app);
   auto sample = loom::apps::add_sample_command(app);
+  auto run = loom::apps::add_run_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -28,6 +30,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("prep")) return prep();
     if (app.got_subcommand("train")) return train();
     if (app.got_subcommand("sample")) return sample();
+    if (app.got_subcommand("run")) return run();
   } catch (const loom::UserError& e) {
     std::fprintf(stderr, "loom: error: %s\nhint: %s\n", e.what(), e.hint().c_str());
     return 2;

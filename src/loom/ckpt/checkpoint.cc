@@ -5,14 +5,17 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "loom/core/check.h"
 #include "loom/core/checksum.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
+#include "loom/core/tunable.h"
 
 namespace loom::ckpt {
 namespace fs = std::filesystem;
@@ -128,6 +131,10 @@ std::vector<fs::path> complete_checkpoints(const std::string& root) {
 }
 }  // namespace
 
+const DoubleTunable kSavePause(
+    "LOOM_TEST_SAVE_PAUSE_S", 0,
+    "seconds a checkpoint save waits between writing its data and the manifest (tests only)");
+
 std::string save(const SaveOptions& opt, const std::vector<Piece>& pieces,
                  const nlohmann::json& meta) {
   LOOM_CHECK(opt.world == 1 || opt.barrier);
@@ -146,6 +153,11 @@ std::string save(const SaveOptions& opt, const std::vector<Piece>& pieces,
   }
   barrier();
   write_rank(staging, opt.rank, pieces);
+  if (const double pause = kSavePause.get(); pause > 0) {  // tests kill ranks in this window
+    std::fprintf(stderr, "loom: checkpoint step %lld data written, pausing %.1f s\n",
+                 static_cast<long long>(opt.step), pause);
+    std::this_thread::sleep_for(std::chrono::duration<double>(pause));
+  }
   barrier();
   if (opt.rank == 0) {
     write_file_atomic(staging + "/manifest.json",

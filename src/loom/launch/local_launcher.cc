@@ -1,13 +1,17 @@
 #include "loom/launch/local_launcher.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <string_view>
 #include <thread>
 
 #include "loom/comm/store/tcp_store.h"
@@ -33,6 +37,59 @@ std::string self_exe() {
   return buf;
 }
 
+namespace {
+
+struct OutputStream {
+  int rank;
+  int fd;  // -1 once closed
+  FILE* to;
+  std::string partial;  // a line not yet ended
+};
+
+void emit(OutputStream& s, std::string_view line) {
+  std::string out = "[rank " + std::to_string(s.rank) + "] ";
+  out.append(line);
+  out += '\n';
+  std::fwrite(out.data(), 1, out.size(), s.to);
+  std::fflush(s.to);
+}
+
+// Waits up to timeout_ms for output, prints each complete line with its rank; returns
+// whether any stream is still open.
+bool pump_output(std::vector<OutputStream>& streams, int timeout_ms) {
+  std::vector<pollfd> fds;
+  std::vector<OutputStream*> of;
+  for (auto& s : streams)
+    if (s.fd >= 0) fds.push_back({s.fd, POLLIN, 0}), of.push_back(&s);
+  if (fds.empty()) {
+    if (timeout_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+    return false;
+  }
+  if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return true;
+  char buf[65536];
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    OutputStream& s = *of[i];
+    const ssize_t n = ::read(s.fd, buf, sizeof buf);
+    if (n <= 0) {
+      if (!s.partial.empty()) emit(s, s.partial), s.partial.clear();
+      ::close(s.fd);
+      s.fd = -1;
+      continue;
+    }
+    s.partial.append(buf, static_cast<size_t>(n));
+    size_t start = 0, nl;
+    while ((nl = s.partial.find('\n', start)) != std::string::npos) {
+      emit(s, std::string_view(s.partial).substr(start, nl - start));
+      start = nl + 1;
+    }
+    s.partial.erase(0, start);
+  }
+  return true;
+}
+
+}  // namespace
+
 LaunchResult run_local(const LaunchOptions& opts) {
   std::string token = generate_token();
   comm::TcpStoreServer store(opts.store_host, 0, token);
@@ -40,6 +97,7 @@ LaunchResult run_local(const LaunchOptions& opts) {
   std::string job_id = "local-" + std::to_string(::getpid()) + "-" + token.substr(0, 8);
 
   std::vector<pid_t> pids(opts.nprocs, 0);
+  std::vector<OutputStream> streams;  // prefix_output: the read ends of the ranks' pipes
   LaunchResult result;
   result.ranks.resize(opts.nprocs);
   for (int r = 0; r < opts.nprocs; ++r) {
@@ -70,13 +128,25 @@ LaunchResult run_local(const LaunchOptions& opts) {
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     std::string log_path = opts.log_dir + "/rank" + std::to_string(r) + ".log";
+    int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
     if (!opts.log_dir.empty()) {
       posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                        0644);
       posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    } else if (opts.prefix_output) {
+      if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0)
+        throw Error(std::string("pipe: ") + std::strerror(errno));
+      posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
+      posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
     }
-    int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
+    int rc = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
+    if (out_pipe[0] >= 0) {
+      ::close(out_pipe[1]);
+      ::close(err_pipe[1]);
+      streams.push_back({r, out_pipe[0], stdout, {}});
+      streams.push_back({r, err_pipe[0], stderr, {}});
+    }
     if (rc != 0) {
       for (int q = 0; q < r; ++q) ::kill(pids[q], SIGKILL);
       for (int q = 0; q < r; ++q) ::waitpid(pids[q], nullptr, 0);
@@ -94,6 +164,7 @@ LaunchResult run_local(const LaunchOptions& opts) {
   bool tearing_down = false;
   Clock::time_point term_sent;
   std::vector<bool> done(opts.nprocs, false);
+  Clock::time_point interrupted_at;
   auto teardown = [&] {
     if (tearing_down) return;
     tearing_down = true;
@@ -135,7 +206,21 @@ LaunchResult run_local(const LaunchOptions& opts) {
       for (int q = 0; q < opts.nprocs; ++q)
         if (!done[q]) ::kill(pids[q], SIGKILL);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (opts.forward_signal && !result.forwarded_signal && !tearing_down) {
+      if (int sig = opts.forward_signal->load()) {
+        result.forwarded_signal = sig;
+        interrupted_at = Clock::now();
+        for (int q = 0; q < opts.nprocs; ++q)
+          if (!done[q]) ::kill(pids[q], sig);
+      }
+    }
+    if (result.forwarded_signal && !tearing_down &&
+        std::chrono::duration<double>(Clock::now() - interrupted_at).count() >
+            opts.interrupt_grace_seconds)
+      teardown();
+    pump_output(streams, 5);
+  }
+  while (pump_output(streams, 50)) {  // what the ranks wrote last
   }
   return result;
 }

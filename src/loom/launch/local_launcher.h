@@ -8,6 +8,7 @@
 // on a dead rank.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,16 +35,24 @@ struct LaunchOptions {
   bool fail_fast = true;       // tear the job down when a rank fails (tests of the ranks' own
                                // failure detection turn this off)
   std::string log_dir;         // if set, rank r's stdout+stderr go to <log_dir>/rank<r>.log
+  bool prefix_output = false;  // else: each line of rank r's output is printed as "[rank r] ..."
+  // When the pointed-to value becomes non-zero (a signal number, set by the caller's signal
+  // handler), that signal is sent to every rank once and the job is let finish; ranks still
+  // running after `interrupt_grace_seconds` are killed.
+  const std::atomic<int>* forward_signal = nullptr;
+  double interrupt_grace_seconds = 120;
 };
 
 struct LaunchResult {
   std::vector<RankExit> ranks;
   int first_failure = -1;  // rank that failed first, or -1
   bool timed_out = false;
+  int forwarded_signal = 0;  // the signal forwarded to the ranks, if any
   bool ok() const { return first_failure < 0 && !timed_out; }
 };
 
-// Runs the job to completion. Throws UserError if the program cannot be started.
+// Runs the job to completion. Throws UserError if the program cannot be started. A program
+// name without a slash is looked up in PATH.
 LaunchResult run_local(const LaunchOptions& opts);
 
 // Path of the running executable (/proc/self/exe), for re-executing ourselves.

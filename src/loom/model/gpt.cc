@@ -146,10 +146,18 @@ void Gpt::bind_unit(int u, float* params, float* grads) {
 
 void Gpt::init(uint64_t seed) {
   LOOM_CHECK(!params_.empty());
-  std::mt19937_64 rng(seed);
+  for (int u = 0; u < num_units(); ++u) init_unit(seed, u, params_.data() + units_[u].first);
+}
+
+void Gpt::init_unit(uint64_t seed, int u, float* out) const {
+  // One generator per unit, so a rank can initialise any unit alone (ZeRO-3 never holds
+  // the whole model) and get the values every other layout gets.
+  std::mt19937_64 rng(seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(u + 1));
   const float std_proj = 0.02f / std::sqrt(2.0f * cfg_.n_layer);
+  const size_t base = units_[u].first;
   for (const Tensor& t : tensors_) {
-    float* x = params_.data() + t.offset;
+    if (t.unit != u) continue;
+    float* x = out + (t.offset - base);
     bool is_ln_w = t.name.ends_with("ln1w") || t.name.ends_with("ln2w") || t.name == "lnfw";
     if (is_ln_w) {
       std::fill(x, x + t.size, 1.0f);
@@ -161,10 +169,10 @@ void Gpt::init(uint64_t seed) {
       for (size_t i = 0; i < t.size; ++i) x[i] = d(rng);
     }
   }
-  // Padded vocabulary rows never receive gradient; keep them at zero.
-  const size_t C = cfg_.n_embd;
-  std::fill(params_.begin() + static_cast<std::ptrdiff_t>(cfg_.vocab_size * C),
-            params_.begin() + static_cast<std::ptrdiff_t>(cfg_.padded_vocab_size * C), 0.0f);
+  if (u == 0) {  // padded vocabulary rows never receive gradient; keep them at zero
+    const size_t C = cfg_.n_embd;
+    std::fill(out + cfg_.vocab_size * C, out + cfg_.padded_vocab_size * C, 0.0f);
+  }
 }
 
 void Gpt::zero_grad() {

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/state_memory.h"
 #include "loom/kernels/cpu/gemm.h"
 
 namespace loom::model {
@@ -87,6 +88,8 @@ class Gpt {
   // GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0,
   // LayerNorm weights 1; deterministic in the seed (own_storage only).
   void init(uint64_t seed);
+  // The same values for unit u alone, written to out (unit_range(u) sized).
+  void init_unit(uint64_t seed, int u, float* out) const;
   // Mean cross-entropy over B*T positions; keeps what backward() needs.
   // targets may be null (inference: logits() valid, returns 0).
   float forward(const int* tokens, const int* targets, int B, int T);
@@ -121,7 +124,7 @@ class Gpt {
 
   GptConfig cfg_;
   size_t total_ = 0;
-  std::vector<float> params_, grads_;
+  StateVector params_, grads_;
   std::vector<Tensor> tensors_;
   std::vector<std::pair<size_t, size_t>> units_;
   std::vector<float*> unit_params_, unit_grads_;

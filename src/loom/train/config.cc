@@ -66,6 +66,14 @@ std::vector<Field> fields_of(TrainConfig& c) {
        }},
       {"train.zero", &c.zero,
        [&] { return c.zero >= 0 && c.zero <= 3 ? "" : "must be 0, 1, 2 or 3"; }},
+      {"zero.shard_group", &c.shard_group,
+       [&] {
+         return one_of(c.shard_group, {"world", "node"});
+       }},
+      {"zero.comm_dtype", &c.comm_dtype,
+       [&] {
+         return one_of(c.comm_dtype, {"fp32", "bf16"});
+       }},
       {"optim.lr", &c.lr, [&] { return in_range(c.lr, 0, 10); }},
       {"optim.min_lr_ratio", &c.min_lr_ratio, [&] { return in_range(c.min_lr_ratio, 0, 1); }},
       {"optim.warmup_steps", &c.warmup_steps, [&] { return at_least(c.warmup_steps, 0); }},

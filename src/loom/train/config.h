@@ -30,7 +30,10 @@ struct TrainConfig {
   std::string dtype = "fp32";      // fp32 | bf16 (bf16 products, fp32 master weights and sums)
   int64_t threads = 0;             // OpenMP threads per rank; 0: the cores this rank may use
   std::string recompute = "none";  // none | all | every_K
-  int64_t zero = 0;                // ZeRO stage (data-parallel runs)
+  int64_t zero = 0;                // ZeRO stage 0-3 (docs/algorithms.md "ZeRO")
+  // [zero]
+  std::string shard_group = "world";  // world | node (shard inside a machine, replicate across)
+  std::string comm_dtype = "fp32";    // fp32 | bf16: dtype of gradient reductions
   // [optim]
   double lr = 6e-4;
   double min_lr_ratio = 0.1;  // cosine decays to lr x this at train.steps

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "loom/core/state_memory.h"
 #include "loom/model/gpt.h"
 #include "loom/train/config.h"
 
@@ -28,8 +29,8 @@ class AdamW {
   // grad_scale (clipping) on the fly; t counts optimizer steps from 1.
   void step(float* params, const float* grads, float grad_scale, double lr, const TrainConfig& c,
             int64_t t);
-  std::vector<float>& m() { return m_; }
-  std::vector<float>& v() { return v_; }
+  StateVector& m() { return m_; }
+  StateVector& v() { return v_; }
 
  private:
   struct Span {
@@ -38,7 +39,7 @@ class AdamW {
   };
   size_t begin_, end_;
   std::vector<Span> spans_;
-  std::vector<float> m_, v_;
+  StateVector m_, v_;
 };
 
 }  // namespace loom::train

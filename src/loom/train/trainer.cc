@@ -1,6 +1,7 @@
 #include "loom/train/trainer.h"
 
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -10,13 +11,17 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "loom/ckpt/checkpoint.h"
+#include "loom/comm/bootstrap.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
+#include "loom/core/state_memory.h"
 #include "loom/data/loader.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/model/gpt.h"
+#include "loom/parallel/data_parallel.h"
 #include "loom/train/optimizer.h"
 #include "loom/train/tensorboard.h"
 
@@ -53,36 +58,49 @@ void truncate_metrics(const std::string& path, int64_t last_step) {
   write_file_atomic(path, kept);
 }
 
+// Bytes this process has held at most (VmHWM), for the per-rank memory metrics.
+double peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) * 1024.0;
+}
+
 class Trainer {
  public:
   Trainer(TrainConfig cfg, const TrainOptions& opt)
       : cfg_(std::move(cfg)),
         opt_(opt),
         model_cfg_(model::GptConfig::named(cfg_.model_name)),
-        model_(model_cfg_) {}
+        model_(model_cfg_, /*own_storage=*/false) {}
 
   int run();
 
  private:
   void open_data();
-  void prepare_run_dir();
+  void check_run_dir();
+  void check_checkpoint();
   int64_t restore();  // returns the first step to run
-  float train_step(int64_t step, double lr, double* grad_norm);
+  float train_step(int64_t step, double lr, double* grad_norm, bool* stop);
   double evaluate();
   void save(int64_t next_step);
   void log_step(int64_t step, float loss, double lr, double grad_norm, double step_s);
+  bool chatty() const { return !opt_.quiet && (rank_ == 0 || all_ranks_log_); }
 
   TrainConfig cfg_;
   TrainOptions opt_;
   model::GptConfig model_cfg_;
   model::Gpt model_;
-  std::unique_ptr<AdamW> optim_;
+  comm::LaunchInfo launch_;
+  int rank_ = 0, world_ = 1;
+  bool all_ranks_log_ = false;
+  std::unique_ptr<parallel::DataParallel> dp_;
   std::optional<data::TokenDataset> train_data_, val_data_;
   std::optional<data::Loader> loader_, val_loader_;
   std::vector<int32_t> x_, y_;
   std::unique_ptr<TensorBoardWriter> tb_;
   std::ofstream metrics_;
-  double peak_gflops_ = 0;
+  double peak_gflops_ = 0;  // all ranks together
+  double peak_lr_ = 0;
   Clock::time_point started_;
   int64_t first_step_ = 0;
 };
@@ -93,7 +111,8 @@ void Trainer::open_data() {
                     "prepare one with `loom prep -i TEXT -o DIR` and set data.path=DIR");
   train_data_.emplace(data::TokenDataset::open(cfg_.data_path, "train"));
   const int B = static_cast<int>(cfg_.global_batch), T = static_cast<int>(cfg_.seq_len);
-  loader_.emplace(*train_data_, data::BatchShape{B, T, 0, 1}, static_cast<uint64_t>(cfg_.seed));
+  loader_.emplace(*train_data_, data::BatchShape{B, T, rank_, world_},
+                  static_cast<uint64_t>(cfg_.seed));
   if (cfg_.eval_every > 0) {
     val_data_.emplace(data::TokenDataset::open(cfg_.data_path, "val"));
     const int vb = static_cast<int>(cfg_.micro_batch);
@@ -102,188 +121,250 @@ void Trainer::open_data() {
   }
 }
 
-void Trainer::prepare_run_dir() {
-  fs::create_directories(cfg_.run_dir);
+// Every rank checks before any rank writes (the communicator is created after this, and
+// its rendezvous waits for all ranks).
+void Trainer::check_run_dir() {
   const std::string metrics = cfg_.run_dir + "/metrics.jsonl";
   if (!opt_.resume && (fs::exists(metrics) || !ckpt::latest(cfg_.run_dir + "/ckpt").empty()))
     throw UserError("run.dir " + cfg_.run_dir + " already holds a run",
                     "continue it with --resume, or pick a new run.dir (nothing was changed)");
-  write_file_atomic(cfg_.run_dir + "/config.toml", cfg_.to_toml());
 }
 
-int64_t Trainer::restore() {
+void Trainer::check_checkpoint() {
   const std::string dir = ckpt::latest(cfg_.run_dir + "/ckpt");
-  if (dir.empty()) {
-    if (opt_.resume && !opt_.quiet)
-      std::printf("loom: no checkpoint in %s/ckpt yet; starting from step 0\n",
-                  cfg_.run_dir.c_str());
-    model_.init(static_cast<uint64_t>(cfg_.seed));
-    return 0;
-  }
+  if (dir.empty()) return;
   ckpt::Reader r(dir);
   if (r.meta()["model"] != model_cfg_.to_json())
     throw UserError("checkpoint " + dir + " is of model " + r.meta()["model"].dump() +
                         ", the config asks for " + model_cfg_.to_json().dump(),
                     "resume with the model.name the run was started with, or use a new run.dir");
-  for (const auto& t : model_.tensors()) {
-    r.read("param/" + t.name, 0, static_cast<int64_t>(t.size), model_.params() + t.offset);
-    r.read("adam_m/" + t.name, 0, static_cast<int64_t>(t.size), optim_->m().data() + t.offset);
-    r.read("adam_v/" + t.name, 0, static_cast<int64_t>(t.size), optim_->v().data() + t.offset);
+}
+
+int64_t Trainer::restore() {
+  const std::string dir = ckpt::latest(cfg_.run_dir + "/ckpt");
+  if (dir.empty()) {
+    if (opt_.resume && chatty())
+      std::printf("loom: no checkpoint in %s/ckpt yet; starting from step 0\n",
+                  cfg_.run_dir.c_str());
+    dp_->init_weights(static_cast<uint64_t>(cfg_.seed));
+    return 0;
   }
+  ckpt::Reader r(dir);
+  dp_->load(r);
   const int64_t step = r.meta()["next_step"];
-  if (!opt_.quiet)
+  if (chatty())
     std::printf("loom: resumed from %s (step %lld)\n", dir.c_str(), static_cast<long long>(step));
   return step;
 }
 
 void Trainer::save(int64_t next_step) {
-  std::vector<ckpt::Piece> pieces;
-  for (const auto& t : model_.tensors()) {
-    const auto n = static_cast<int64_t>(t.size);
-    pieces.push_back({"param/" + t.name, t.shape, 0, n, model_.params() + t.offset});
-    pieces.push_back({"adam_m/" + t.name, t.shape, 0, n, optim_->m().data() + t.offset});
-    pieces.push_back({"adam_v/" + t.name, t.shape, 0, n, optim_->v().data() + t.offset});
-  }
-  nlohmann::json meta = {{"next_step", next_step},
-                         {"loader_step", next_step},
-                         {"seed", cfg_.seed},
-                         {"model", model_cfg_.to_json()},
-                         {"config", cfg_.to_toml()}};
+  const std::vector<ckpt::Piece> pieces = dp_->checkpoint_pieces();
+  nlohmann::json meta = {
+      {"next_step", next_step},   {"loader_step", next_step},
+      {"seed", cfg_.seed},        {"model", model_cfg_.to_json()},
+      {"config", cfg_.to_toml()}, {"layout", {{"ranks", world_}, {"zero", cfg_.zero}}}};
   ckpt::SaveOptions so;
   so.root = cfg_.run_dir + "/ckpt";
   so.step = next_step;
   so.keep = static_cast<int>(cfg_.ckpt_keep);
+  so.rank = rank_;
+  so.world = world_;
+  so.barrier = [this] { dp_->barrier(); };
   ckpt::save(so, pieces, meta);
 }
 
-float Trainer::train_step(int64_t step, double lr, double* grad_norm) {
+float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop) {
   const int mb = static_cast<int>(cfg_.micro_batch), T = static_cast<int>(cfg_.seq_len);
   const size_t mbt = static_cast<size_t>(mb) * T;
   loader_->batch(static_cast<uint64_t>(step), x_.data(), y_.data());
-  model_.zero_grad();
+  dp_->zero_grad();
   double loss_sum = 0;
   for (int64_t a = 0; a < cfg_.grad_accum; ++a) {
-    loss_sum += model_.forward(x_.data() + a * mbt, y_.data() + a * mbt, mb, T);
-    model_.backward(1.0f / static_cast<float>(cfg_.grad_accum));
+    loss_sum += dp_->forward(x_.data() + a * mbt, y_.data() + a * mbt, mb, T);
+    dp_->backward(1.0f / static_cast<float>(cfg_.grad_accum), a + 1 == cfg_.grad_accum);
   }
-  const double norm = std::sqrt(sum_of_squares(model_.grads(), model_.num_params()));
+  const double norm = dp_->finish_gradients();
   *grad_norm = norm;
   const float scale = cfg_.grad_clip > 0 && norm > cfg_.grad_clip
                           ? static_cast<float>(cfg_.grad_clip / norm)
                           : 1.0f;
-  optim_->step(model_.params(), model_.grads(), scale, lr, cfg_, step + 1);
-  return static_cast<float>(loss_sum / cfg_.grad_accum);
+  dp_->optimizer_step(scale, lr, cfg_, step + 1);
+  // The mean loss over all ranks, and whether any rank was asked to stop (every rank must
+  // stop after the same step, or the checkpoint they save together would not match).
+  const auto sums = dp_->allreduce_sum(
+      {loss_sum / static_cast<double>(cfg_.grad_accum), g_stop_signal.load() ? 1.0 : 0.0});
+  *stop = sums[1] > 0;
+  return static_cast<float>(sums[0] / world_);
 }
 
+// Each rank evaluates every world_-th batch; rounds stay in step on all ranks (ZeRO-3's
+// forward is collective), a rank past the end repeats a batch with weight 0.
 double Trainer::evaluate() {
   const int mb = static_cast<int>(cfg_.micro_batch), T = static_cast<int>(cfg_.seq_len);
   std::vector<int32_t> x(static_cast<size_t>(mb) * T), y(x.size());
   double sum = 0;
   const int64_t n = std::min<int64_t>(cfg_.eval_batches, val_loader_->steps_per_epoch());
-  for (int64_t i = 0; i < n; ++i) {  // the same val batches at every evaluation
-    val_loader_->batch(static_cast<uint64_t>(i), x.data(), y.data());
-    sum += model_.forward(x.data(), y.data(), mb, T);
+  for (int64_t first = 0; first < n; first += world_) {  // the same batches every time
+    const int64_t i = first + rank_;
+    val_loader_->batch(static_cast<uint64_t>(i % n), x.data(), y.data());
+    const double loss = dp_->forward(x.data(), y.data(), mb, T);
+    if (i < n) sum += loss;
   }
-  return sum / n;
+  return dp_->allreduce_sum({sum})[0] / static_cast<double>(n);
 }
 
 void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, double step_s) {
+  // Per-rank memory: the model-state high-water mark (parameters, gradients, optimizer
+  // state, gathered buffers) and the process's peak RSS.
+  const auto mem = dp_->allgather({static_cast<double>(StateMemory::peak()), peak_rss_bytes()});
+  const double comm_wait_ms = dp_->comm_wait_s() * 1e3;
+  dp_->reset_comm_wait();
+  if (rank_ != 0) return;
   const double tokens = static_cast<double>(cfg_.global_batch) * cfg_.seq_len;
   const double tps = tokens / step_s;
   const double mfu =
       model_cfg_.flops_per_token(static_cast<int>(cfg_.seq_len)) * tps / (peak_gflops_ * 1e9);
-  nlohmann::json j = {
-      {"step", step + 1},        {"loss", loss},        {"lr", lr},  {"grad_norm", grad_norm},
-      {"step_ms", step_s * 1e3}, {"tokens_per_s", tps}, {"mfu", mfu}};
+  nlohmann::json state_mb = nlohmann::json::array(), rss_mb = nlohmann::json::array();
+  for (int q = 0; q < world_; ++q) {
+    state_mb.push_back(mem[2 * q] / (1 << 20));
+    rss_mb.push_back(mem[2 * q + 1] / (1 << 20));
+  }
+  nlohmann::json j = {{"step", step + 1},
+                      {"loss", loss},
+                      {"lr", lr},
+                      {"grad_norm", grad_norm},
+                      {"step_ms", step_s * 1e3},
+                      {"comm_wait_ms", comm_wait_ms},
+                      {"tokens_per_s", tps},
+                      {"mfu", mfu},
+                      {"state_peak_mb", state_mb},
+                      {"rss_peak_mb", rss_mb}};
   metrics_ << j.dump() << "\n";
   metrics_.flush();
-  tb_->scalars(step + 1, {{"train/loss", loss},
-                          {"train/lr", lr},
-                          {"train/grad_norm", grad_norm},
-                          {"perf/step_ms", step_s * 1e3},
-                          {"perf/tokens_per_s", tps},
-                          {"perf/mfu", mfu}});
+  std::vector<std::pair<std::string, double>> scalars = {{"train/loss", loss},
+                                                         {"train/lr", lr},
+                                                         {"train/grad_norm", grad_norm},
+                                                         {"perf/step_ms", step_s * 1e3},
+                                                         {"perf/comm_wait_ms", comm_wait_ms},
+                                                         {"perf/tokens_per_s", tps},
+                                                         {"perf/mfu", mfu}};
+  for (int q = 0; q < world_; ++q) {
+    scalars.push_back({"memory/state_peak_mb/rank" + std::to_string(q), state_mb[q]});
+    scalars.push_back({"memory/rss_peak_mb/rank" + std::to_string(q), rss_mb[q]});
+  }
+  tb_->scalars(step + 1, scalars);
   if (!opt_.quiet && ((step + 1) % cfg_.log_every == 0 || step + 1 == cfg_.steps)) {
     const double elapsed = std::chrono::duration<double>(Clock::now() - started_).count();
     const double per_step = elapsed / static_cast<double>(step + 1 - first_step_);
     std::printf(
         "step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.0f tok/s | MFU %4.1f%% | "
-        "%6.0f ms | ETA %s\n",
+        "%6.0f ms (comm wait %.0f) | ETA %s\n",
         static_cast<long long>(step + 1), static_cast<long long>(cfg_.steps), loss, lr, grad_norm,
-        tps, 100 * mfu, step_s * 1e3,
+        tps, 100 * mfu, step_s * 1e3, comm_wait_ms,
         format_duration(per_step * static_cast<double>(cfg_.steps - step - 1)).c_str());
     std::fflush(stdout);
   }
 }
 
 int Trainer::run() {
-  cfg_.resolve_batch(1);
+  launch_ = comm::launch_info_from_env();
+  rank_ = launch_.rank;
+  world_ = launch_.size;
+  all_ranks_log_ = std::getenv("LOOM_LOG_ALL_RANKS") != nullptr;
+  // Everything that can be wrong with the input is checked here, on every rank, before
+  // any rank connects or writes.
+  cfg_.resolve_batch(world_);
   if (cfg_.seq_len > model_cfg_.block_size)
     throw UserError("train.seq_len = " + std::to_string(cfg_.seq_len) + " exceeds the context of " +
                         model_cfg_.name + " (" + std::to_string(model_cfg_.block_size) + ")",
                     "lower train.seq_len or pick a model with a longer context");
-  if (cfg_.threads > 0) omp_set_num_threads(static_cast<int>(cfg_.threads));
+  const int threads =
+      cfg_.threads > 0
+          ? static_cast<int>(cfg_.threads)
+          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / launch_.local_size);
+  omp_set_num_threads(threads);
   const auto precision =
       cfg_.dtype == "bf16" ? kernels::cpu::Precision::kBF16 : kernels::cpu::Precision::kF32;
   model_.set_precision(precision);
   model_.set_recompute_every(cfg_.recompute_every());
   open_data();
-  prepare_run_dir();
-  optim_ = std::make_unique<AdamW>(model_.tensors(), 0, model_.num_params());
+  check_run_dir();
+  check_checkpoint();
+
+  std::shared_ptr<comm::Communicator> world;
+  if (world_ > 1) world = comm::init_from_env();
+  parallel::DpOptions dpo;
+  dpo.zero = static_cast<int>(cfg_.zero);
+  dpo.shard_within_node = cfg_.shard_group == "node";
+  dpo.comm_bf16 = cfg_.comm_dtype == "bf16";
+  dp_ = std::make_unique<parallel::DataParallel>(model_, world, dpo);
+  if (rank_ == 0) {
+    fs::create_directories(cfg_.run_dir);
+    write_file_atomic(cfg_.run_dir + "/config.toml", cfg_.to_toml());
+  }
   first_step_ = restore();
-  truncate_metrics(cfg_.run_dir + "/metrics.jsonl", first_step_);
-  metrics_.open(cfg_.run_dir + "/metrics.jsonl", std::ios::app);
-  if (!metrics_)
-    throw UserError("cannot append to " + cfg_.run_dir + "/metrics.jsonl",
-                    "check that run.dir is writable");
-  tb_ = std::make_unique<TensorBoardWriter>(cfg_.run_dir);
-  peak_gflops_ =
+  if (rank_ == 0) {
+    truncate_metrics(cfg_.run_dir + "/metrics.jsonl", first_step_);
+    metrics_.open(cfg_.run_dir + "/metrics.jsonl", std::ios::app);
+    if (!metrics_)
+      throw UserError("cannot append to " + cfg_.run_dir + "/metrics.jsonl",
+                      "check that run.dir is writable");
+    tb_ = std::make_unique<TensorBoardWriter>(cfg_.run_dir);
+  }
+  const double my_peak =
       cfg_.peak_gflops > 0 ? cfg_.peak_gflops : kernels::cpu::measure_peak_gflops(precision);
+  peak_gflops_ = dp_->allreduce_sum({my_peak})[0];
+  peak_lr_ = cfg_.lr_scale == "linear" ? cfg_.lr * world_ : cfg_.lr;
   x_.resize(static_cast<size_t>(cfg_.micro_batch * cfg_.grad_accum * cfg_.seq_len));
   y_.resize(x_.size());
-  if (!opt_.quiet)
+  if (chatty())
     std::printf(
         "loom: training %s (%.1fM parameters) on %s: %lld steps of %lld sequences x %lld "
-        "tokens (micro-batch %lld x %lld accumulation), %s, %d threads, MFU peak %.0f "
-        "GFLOP/s\n",
+        "tokens (micro-batch %lld x %lld accumulation x %d ranks, ZeRO %lld), %s, %d threads "
+        "per rank, MFU peak %.0f GFLOP/s\n",
         model_cfg_.name.c_str(), model_.num_params() / 1e6, cfg_.data_path.c_str(),
         static_cast<long long>(cfg_.steps), static_cast<long long>(cfg_.global_batch),
         static_cast<long long>(cfg_.seq_len), static_cast<long long>(cfg_.micro_batch),
-        static_cast<long long>(cfg_.grad_accum), cfg_.dtype.c_str(), omp_get_max_threads(),
-        peak_gflops_);
+        static_cast<long long>(cfg_.grad_accum), world_, static_cast<long long>(cfg_.zero),
+        cfg_.dtype.c_str(), threads, peak_gflops_);
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   started_ = Clock::now();
   int64_t saved_at = first_step_;
+  dp_->reset_comm_wait();
   for (int64_t step = first_step_; step < cfg_.steps; ++step) {
     const auto t0 = Clock::now();
-    const double lr = learning_rate(cfg_, cfg_.lr, step);
+    const double lr = learning_rate(cfg_, peak_lr_, step);
     double norm = 0;
-    const float loss = train_step(step, lr, &norm);
+    bool stop = false;
+    const float loss = train_step(step, lr, &norm, &stop);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     log_step(step, loss, lr, norm, dt);
     if (cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) {
       const double val = evaluate();
-      metrics_ << nlohmann::json{{"step", step + 1}, {"val_loss", val}}.dump() << "\n";
-      metrics_.flush();
-      tb_->scalars(step + 1, {{"val/loss", val}});
-      if (!opt_.quiet)
+      if (rank_ == 0) {
+        metrics_ << nlohmann::json{{"step", step + 1}, {"val_loss", val}}.dump() << "\n";
+        metrics_.flush();
+        tb_->scalars(step + 1, {{"val/loss", val}});
+      }
+      if (chatty())
         std::printf("step %6lld | val loss %.4f\n", static_cast<long long>(step + 1), val);
     }
     if (cfg_.ckpt_every > 0 && (step + 1) % cfg_.ckpt_every == 0)
       save(step + 1), saved_at = step + 1;
-    tb_->flush();
-    if (int sig = g_stop_signal.load()) {
+    if (tb_) tb_->flush();
+    if (stop) {
       if (saved_at != step + 1) save(step + 1);
-      std::printf(
-          "loom: stopped by signal %d after step %lld; checkpoint saved, continue with "
-          "--resume\n",
-          sig, static_cast<long long>(step + 1));
+      if (rank_ == 0 || all_ranks_log_)
+        std::printf(
+            "loom: stopped by a signal after step %lld; checkpoint saved, continue with "
+            "--resume\n",
+            static_cast<long long>(step + 1));
       return 130;
     }
   }
   if (saved_at != cfg_.steps) save(cfg_.steps);
-  tb_->flush();
+  if (tb_) tb_->flush();
   return 0;
 }
 

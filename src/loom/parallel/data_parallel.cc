@@ -1,0 +1,456 @@
+#include "loom/parallel/data_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "loom/core/check.h"
+#include "loom/core/checksum.h"
+#include "loom/core/dtype.h"
+#include "loom/core/error.h"
+
+namespace loom::parallel {
+using comm::ReduceOp;
+using loom::DType;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+void to_bf16(const float* in, uint16_t* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(in[i]);
+}
+void from_bf16(const uint16_t* in, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(in[i]);
+}
+void free_buffer(StateVector& v) {
+  StateVector().swap(v);
+}
+
+}  // namespace
+
+DataParallel::DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator> world,
+                           DpOptions o)
+    : model_(model), world_(std::move(world)), opt_(o) {
+  if (opt_.zero < 0 || opt_.zero > 3)
+    throw UserError("train.zero = " + std::to_string(opt_.zero) + " is not a ZeRO stage",
+                    "use 0 (data parallel), 1, 2 or 3");
+  shard_group_ = world_;
+  if (world_ && opt_.shard_within_node && opt_.zero > 0 && world_->topology().nhosts() > 1) {
+    const comm::Topology& topo = world_->topology();
+    const auto& hosts = topo.hosts;
+    for (const auto& h : hosts)
+      if (h.size() != hosts[0].size())
+        throw UserError("zero.shard_group = node needs the same number of ranks on every machine",
+                        "start as many ranks on each machine, or use zero.shard_group = world");
+    const int host = topo.host_of[world_->rank()];
+    const auto& mine = hosts[host];
+    const int local =
+        static_cast<int>(std::find(mine.begin(), mine.end(), world_->rank()) - mine.begin());
+    shard_group_ = world_->split(host, world_->rank());
+    replica_group_ = world_->split(local, world_->rank());
+  }
+  S_ = shard_group_ ? shard_group_->size() : 1;
+  r_ = shard_group_ ? shard_group_->rank() : 0;
+  const bool direct = S_ == 1 && !replica_group_;  // nothing to shard or reduce
+
+  size_t full = 0, shard = 0;
+  for (int u = 0; u < model_.num_units(); ++u) {
+    Unit x;
+    std::tie(x.begin, x.end) = model_.unit_range(u);
+    x.shard = (x.n() + S_ - 1) / S_;
+    x.own_begin = std::min(x.begin + r_ * x.shard, x.end);
+    x.own_end = std::min(x.begin + (r_ + 1) * x.shard, x.end);
+    x.full_off = full;
+    x.shard_off = shard;
+    full += x.shard * S_;
+    shard += x.shard;
+    units_.push_back(x);
+  }
+  const size_t nu = units_.size();
+  unit_grads_.resize(nu);
+  gathered_.resize(nu);
+  gathering_.resize(nu);
+  switch (opt_.zero) {
+    case 0:
+    case 1:
+      params_.assign(full, 0.0f);
+      grads_.assign(full, 0.0f);
+      break;
+    case 2:
+      params_.assign(full, 0.0f);
+      grads_.assign(direct ? full : shard, 0.0f);
+      break;
+    case 3:
+      params_.assign(shard, 0.0f);
+      grads_.assign(shard, 0.0f);
+      break;
+  }
+  for (int u = 0; u < static_cast<int>(nu); ++u) {
+    const Unit& x = units_[u];
+    if (opt_.zero == 0)
+      adam_.push_back(std::make_unique<train::AdamW>(model_.tensors(), x.begin, x.end));
+    else
+      adam_.push_back(std::make_unique<train::AdamW>(model_.tensors(), x.own_begin, x.own_end));
+    if (opt_.zero <= 1 || direct)
+      model_.bind_unit(u, params_.data() + x.full_off, grads_.data() + x.full_off);
+    else if (opt_.zero == 2)
+      model_.bind_unit(u, params_.data() + x.full_off, nullptr);
+    else
+      model_.bind_unit(u, nullptr, nullptr);
+  }
+  if (direct) opt_.zero = std::min(opt_.zero, 1);  // one rank: stages 2-3 hold what 0-1 hold
+  model_.set_hooks(this);
+}
+
+DataParallel::~DataParallel() {
+  model_.set_hooks(nullptr);
+  // Let in-flight operations finish before their buffers go away.
+  auto quietly_wait = [](const comm::WorkPtr& w) {
+    try {
+      if (w) w->wait();
+    } catch (const std::exception&) {  // already reported by the step that failed
+    }
+  };
+  for (auto& p : pending_) quietly_wait(p.work);
+  for (auto& w : gathering_) quietly_wait(w);
+}
+
+void DataParallel::wait(const comm::WorkPtr& w) {
+  if (!w || w->test()) {
+    if (w) w->wait();  // rethrows a failure
+    return;
+  }
+  const auto t0 = Clock::now();
+  w->wait();
+  comm_wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+float* DataParallel::own_grad(int u) {
+  const Unit& x = units_[u];
+  switch (opt_.zero) {
+    case 0:
+      return grads_.data() + x.full_off;
+    case 1:
+      return grads_.data() + x.full_off + r_ * x.shard;
+    default:
+      return grads_.data() + x.shard_off;
+  }
+}
+
+float* DataParallel::own_param(int u) {
+  const Unit& x = units_[u];
+  switch (opt_.zero) {
+    case 0:
+      return params_.data() + x.full_off;
+    case 3:
+      return params_.data() + x.shard_off;
+    default:
+      return params_.data() + x.full_off + r_ * x.shard;
+  }
+}
+
+float* DataParallel::full_param(int u) {
+  return params_.data() + units_[u].full_off;
+}
+
+template <typename Fn>
+void DataParallel::for_each_slice(int u, size_t lo, size_t hi, Fn fn) const {
+  for (const model::Tensor& t : model_.tensors()) {
+    if (t.unit != u) continue;
+    const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.size);
+    if (a < b) fn(t, static_cast<int64_t>(a - t.offset), static_cast<int64_t>(b - a), a);
+  }
+}
+
+// ---- weights ----
+
+void DataParallel::init_weights(uint64_t seed) {
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) release_gathered(u);
+  const int nu = static_cast<int>(units_.size());
+  if (opt_.zero == 3) {
+    StateVector tmp;
+    for (int u = 0; u < nu; ++u) {
+      const Unit& x = units_[u];
+      tmp.assign(x.shard * S_, 0.0f);
+      if (r_ == 0) model_.init_unit(seed, u, tmp.data());
+      shard_group_->scatter(tmp.data(), own_param(u), x.shard, DType::kF32, 0);
+    }
+    return;
+  }
+  if (rank() == 0)
+    for (int u = 0; u < nu; ++u) model_.init_unit(seed, u, full_param(u));
+  if (!world_ || world_->size() == 1) return;
+  world_->broadcast(params_.data(), params_.size(), DType::kF32, 0);
+  int64_t sum = static_cast<int64_t>(checksum64(params_.data(), params_.size() * sizeof(float)));
+  std::vector<int64_t> all(world_->size());
+  world_->allgather(&sum, all.data(), 1, DType::kI64);
+  for (int q = 0; q < world_->size(); ++q)
+    if (all[q] != all[0])
+      throw Error("initial weights on rank " + std::to_string(q) +
+                  " differ from rank 0's after the broadcast (checksum mismatch)");
+}
+
+void DataParallel::load(const ckpt::Reader& r) {
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    release_gathered(u);
+    const Unit& x = units_[u];
+    auto* m = adam_[u]->m().data();
+    auto* v = adam_[u]->v().data();
+    const size_t mbase = opt_.zero == 0 ? x.begin : x.own_begin;
+    const size_t lo = opt_.zero == 0 ? x.begin : x.own_begin;
+    const size_t hi = opt_.zero == 0 ? x.end : x.own_end;
+    for_each_slice(u, lo, hi, [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
+      r.read("adam_m/" + t.name, b, n, m + (a - mbase));
+      r.read("adam_v/" + t.name, b, n, v + (a - mbase));
+      if (opt_.zero == 3) r.read("param/" + t.name, b, n, own_param(u) + (a - x.own_begin));
+    });
+    if (opt_.zero < 3)
+      for_each_slice(u, x.begin, x.end,
+                     [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
+                       r.read("param/" + t.name, b, n, full_param(u) + (a - x.begin));
+                     });
+  }
+}
+
+std::vector<ckpt::Piece> DataParallel::checkpoint_pieces() {
+  std::vector<ckpt::Piece> pieces;
+  if (replica_group_ && replica_group_->rank() != 0) return pieces;  // a replica writes
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    const Unit& x = units_[u];
+    const size_t mbase = opt_.zero == 0 ? x.begin : x.own_begin;
+    const float* m = adam_[u]->m().data();
+    const float* v = adam_[u]->v().data();
+    for_each_slice(
+        u, x.own_begin, x.own_end, [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
+          const float* p =
+              opt_.zero == 3 ? own_param(u) + (a - x.own_begin) : full_param(u) + (a - x.begin);
+          pieces.push_back({"param/" + t.name, t.shape, b, n, p});
+          pieces.push_back({"adam_m/" + t.name, t.shape, b, n, m + (a - mbase)});
+          pieces.push_back({"adam_v/" + t.name, t.shape, b, n, v + (a - mbase)});
+        });
+  }
+  return pieces;
+}
+
+// ---- one step ----
+
+void DataParallel::zero_grad() {
+  std::fill(grads_.begin(), grads_.end(), 0.0f);
+}
+
+float DataParallel::forward(const int* tokens, const int* targets, int B, int T) {
+  phase_ = Phase::kForward;
+  cursor_ = 0;
+  const float loss = model_.forward(tokens, targets, B, T);
+  recorded_[0] = true;
+  phase_ = Phase::kIdle;
+  return loss;
+}
+
+void DataParallel::backward(float scale, bool last_micro_step) {
+  retire_done(0);  // the previous micro-step's reductions own their units' gradient buffers
+  phase_ = Phase::kBackward;
+  cursor_ = 0;
+  last_micro_ = last_micro_step;
+  model_.backward(scale);
+  recorded_[1] = true;
+  phase_ = Phase::kIdle;
+}
+
+void DataParallel::launch_reduction(int u) {
+  const Unit& x = units_[u];
+  Pending p{u, nullptr, {}};
+  if (opt_.zero == 0) {
+    float* g = grads_.data() + x.full_off;
+    if (opt_.comm_bf16) {
+      p.bf16.resize(x.n());
+      to_bf16(g, p.bf16.data(), x.n());
+      p.work = world_->allreduce_async(p.bf16.data(), p.bf16.data(), x.n(), DType::kBF16,
+                                       ReduceOp::kAvg);
+    } else {
+      p.work = world_->allreduce_async(g, g, x.n(), DType::kF32, ReduceOp::kAvg);
+    }
+  } else if (S_ > 1) {
+    float* g = opt_.zero == 1 ? grads_.data() + x.full_off : unit_grads_[u].data();
+    const size_t full = x.shard * S_;
+    if (opt_.comm_bf16) {
+      p.bf16.resize(full);
+      to_bf16(g, p.bf16.data(), full);
+      p.work = shard_group_->reduce_scatter_async(p.bf16.data(), p.bf16.data() + r_ * x.shard,
+                                                  x.shard, DType::kBF16, ReduceOp::kAvg);
+    } else {
+      p.work = shard_group_->reduce_scatter_async(g, g + r_ * x.shard, x.shard, DType::kF32,
+                                                  ReduceOp::kAvg);
+    }
+  }
+  pending_.push_back(std::move(p));
+}
+
+void DataParallel::retire(Pending& p) {
+  wait(p.work);
+  const int u = p.unit;
+  const Unit& x = units_[u];
+  if (opt_.zero == 0) {
+    if (!p.bf16.empty()) from_bf16(p.bf16.data(), grads_.data() + x.full_off, x.n());
+    return;
+  }
+  // This rank's reduced slice, as fp32.
+  float* slice = opt_.zero == 1 ? grads_.data() + x.full_off + r_ * x.shard
+                                : unit_grads_[u].data() + r_ * x.shard;
+  if (!p.bf16.empty()) from_bf16(p.bf16.data() + r_ * x.shard, slice, x.shard);
+  if (replica_group_) {
+    const auto t0 = Clock::now();
+    replica_group_->allreduce(slice, slice, x.shard, DType::kF32, ReduceOp::kAvg);
+    comm_wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  if (opt_.zero >= 2) {  // accumulate into the persistent shard; drop the full gradient
+    float* dst = grads_.data() + x.shard_off;
+    for (size_t i = 0; i < x.shard; ++i) dst[i] += slice[i];
+    free_buffer(unit_grads_[u]);
+    model_.bind_unit(u, opt_.zero == 2 ? full_param(u) : nullptr, nullptr);
+  }
+}
+
+void DataParallel::retire_done(size_t max_in_flight) {
+  while (!pending_.empty() && (!pending_.front().work || pending_.front().work->test() ||
+                               pending_.size() > max_in_flight)) {
+    retire(pending_.front());
+    pending_.pop_front();
+  }
+}
+
+double DataParallel::finish_gradients() {
+  retire_done(0);
+  double ss = 0;
+  if (opt_.zero == 0) {
+    for (int u = 0; u < static_cast<int>(units_.size()); ++u)
+      ss += train::sum_of_squares(own_grad(u), units_[u].n());
+    return std::sqrt(ss);
+  }
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u)
+    ss += train::sum_of_squares(own_grad(u), units_[u].own_end - units_[u].own_begin);
+  if (S_ > 1) {
+    const auto t0 = Clock::now();
+    shard_group_->allreduce(&ss, &ss, 1, DType::kF64, ReduceOp::kSum);
+    comm_wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  return std::sqrt(ss);
+}
+
+void DataParallel::optimizer_step(float grad_scale, double lr, const train::TrainConfig& c,
+                                  int64_t t) {
+  const int nu = static_cast<int>(units_.size());
+  for (int u = 0; u < nu; ++u) release_gathered(u);  // stage 3: gathered copies go stale
+  for (int u = 0; u < nu; ++u) {
+    const Unit& x = units_[u];
+    if ((opt_.zero == 0 ? x.n() : x.own_end - x.own_begin) == 0) continue;
+    adam_[u]->step(own_param(u), own_grad(u), grad_scale, lr, c, t);
+  }
+  if ((opt_.zero == 1 || opt_.zero == 2) && S_ > 1) {
+    std::vector<comm::WorkPtr> works;
+    for (int u = 0; u < nu; ++u) {
+      const Unit& x = units_[u];
+      works.push_back(
+          shard_group_->allgather_async(own_param(u), full_param(u), x.shard, DType::kF32));
+    }
+    for (auto& w : works) wait(w);
+  }
+}
+
+// ---- hooks ----
+
+int DataParallel::next_use(int u) {
+  const int ph = phase_ == Phase::kBackward ? 1 : 0;
+  if (phase_ == Phase::kIdle) return -1;
+  auto& order = order_[ph];
+  if (!recorded_[ph]) {
+    order.push_back(u);
+    return -1;
+  }
+  if (cursor_ < order.size() && order[cursor_] == u) {
+    ++cursor_;
+  } else {  // out of the recorded order: find u's next occurrence
+    auto it =
+        std::find(order.begin() + static_cast<std::ptrdiff_t>(std::min(cursor_, order.size())),
+                  order.end(), u);
+    if (it == order.end()) return -1;
+    cursor_ = static_cast<size_t>(it - order.begin()) + 1;
+  }
+  return cursor_ < order.size() ? order[cursor_] : -1;
+}
+
+void DataParallel::gather(int u) {
+  if (!gathered_[u].empty()) return;
+  const Unit& x = units_[u];
+  gathered_[u].resize(x.shard * S_);
+  gathering_[u] =
+      shard_group_->allgather_async(own_param(u), gathered_[u].data(), x.shard, DType::kF32);
+}
+
+void DataParallel::release_gathered(int u) {
+  if (gathering_[u]) wait(gathering_[u]), gathering_[u] = nullptr;
+  if (!gathered_[u].empty()) free_buffer(gathered_[u]);
+}
+
+void DataParallel::before_use(int u) {
+  if (opt_.zero < 2 || phase_ == Phase::kIdle) return;
+  const bool backward = phase_ == Phase::kBackward;
+  if (backward) {
+    retire_done(2);  // frees the full gradients of units already reduced
+    if (unit_grads_[u].empty()) unit_grads_[u].assign(units_[u].shard * S_, 0.0f);
+  }
+  float* g = unit_grads_[u].empty() ? nullptr : unit_grads_[u].data();
+  if (opt_.zero == 2) {
+    model_.bind_unit(u, full_param(u), g);
+    return;
+  }
+  gather(u);
+  if (gathering_[u]) wait(gathering_[u]), gathering_[u] = nullptr;
+  model_.bind_unit(u, gathered_[u].data(), g);
+  const int next = next_use(u);
+  for (int v = 0; v < static_cast<int>(units_.size()); ++v)
+    if (v != u && v != next) release_gathered(v);
+  if (next >= 0) gather(next);  // prefetch: overlaps this unit's compute
+}
+
+void DataParallel::after_use(int u) {
+  if (opt_.zero != 3 || phase_ == Phase::kIdle) return;
+  const int ph = phase_ == Phase::kBackward ? 1 : 0;
+  const auto& order = order_[ph];
+  if (!recorded_[ph]) return;           // first step: freed at the next use of another unit
+  if (cursor_ >= order.size()) return;  // the phase's last use: the next phase starts with it
+  if (order[cursor_] != u) release_gathered(u);
+}
+
+void DataParallel::grads_ready(int u) {
+  if (opt_.zero <= 1) {
+    if (last_micro_ && world_ && world_->size() > 1) launch_reduction(u);
+    return;
+  }
+  launch_reduction(u);
+  retire_done(2);
+}
+
+// ---- small collectives ----
+
+std::vector<double> DataParallel::allreduce_sum(std::vector<double> v) {
+  if (!world_ || world_->size() == 1) return v;
+  const auto t0 = Clock::now();
+  world_->allreduce(v.data(), v.data(), v.size(), DType::kF64, ReduceOp::kSum);
+  comm_wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  return v;
+}
+
+std::vector<double> DataParallel::allgather(const std::vector<double>& v) {
+  if (!world_ || world_->size() == 1) return v;
+  std::vector<double> all(v.size() * world_->size());
+  world_->allgather(v.data(), all.data(), v.size(), DType::kF64);
+  return all;
+}
+
+void DataParallel::barrier() {
+  if (world_ && world_->size() > 1) world_->barrier();
+}
+
+}  // namespace loom::parallel

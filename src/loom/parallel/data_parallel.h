@@ -1,0 +1,139 @@
+// Data parallelism and ZeRO (DeepSpeed's stages; stage 3 is PyTorch FSDP's full sharding)
+// on top of the model's units (DESIGN decisions 4 and 5). The model stays free of
+// parallelism: this engine owns the parameter, gradient and optimizer buffers, binds the
+// model's units into them and reacts to the model's UnitHooks.
+//
+//   stage 0 (DDP)  full parameters, full gradients, full Adam moments on every rank; each
+//                  unit's gradients are allreduced asynchronously as soon as backward
+//                  finishes the unit, overlapping the rest of backward; micro-steps before
+//                  the last of an accumulation do not communicate.
+//   stage 1        full parameters and gradients; Adam moments for this rank's shard only.
+//                  Gradients are reduce-scattered (async, per unit), each rank updates its
+//                  shard, the updated parameters are allgathered.
+//   stage 2        as 1, but only the gradient shard persists: a unit's full gradient
+//                  exists from its first use in backward until its reduce-scatter lands
+//                  in the shard (every micro-step), then it is freed.
+//   stage 3        as 2, and parameters are sharded too: a unit is allgathered before each
+//                  use and freed after it; the next unit in the recorded use order is
+//                  prefetched while the current one computes.
+//
+// Sharding is per unit: unit u (n elements) is padded to a multiple of the shard-group size
+// S and rank r owns elements [r * n/S, (r+1) * n/S) of it. With zero.shard_group = node the
+// shard group is the ranks of one machine and the shards are replicated across machines
+// (gradients reduce-scattered inside the machine, then allreduced across machines).
+//
+// Every buffer of model state is a StateVector, so StateMemory's high-water mark is the
+// model-state memory ZeRO's formulas predict (docs/algorithms.md "ZeRO memory").
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "loom/ckpt/checkpoint.h"
+#include "loom/comm/communicator.h"
+#include "loom/core/state_memory.h"
+#include "loom/model/gpt.h"
+#include "loom/train/config.h"
+#include "loom/train/optimizer.h"
+
+namespace loom::parallel {
+
+struct DpOptions {
+  int zero = 0;                    // 0..3
+  bool shard_within_node = false;  // zero.shard_group = node
+  bool comm_bf16 = false;          // gradient reductions in bf16 (sums stay fp32 locally)
+};
+
+class DataParallel : public model::UnitHooks {
+ public:
+  // `world` may be null (one process). The model must be built without its own storage.
+  DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator> world, DpOptions o);
+  ~DataParallel() override;
+
+  int rank() const { return world_ ? world_->rank() : 0; }
+  int size() const { return world_ ? world_->size() : 1; }
+  const DpOptions& options() const { return opt_; }
+
+  // Rank 0 generates the weights (unit by unit) and sends them; replicas are checked by
+  // checksum (zero 0-2), so every rank starts from identical weights.
+  void init_weights(uint64_t seed);
+  // Reads this rank's part of a checkpoint of any layout.
+  void load(const ckpt::Reader& r);
+  // The pieces this rank writes in a checkpoint (each element written by one rank).
+  std::vector<ckpt::Piece> checkpoint_pieces();
+
+  // One training step: zero_grad(), then per micro-step forward() + backward(last), then
+  // finish_gradients() and optimizer_step().
+  void zero_grad();
+  float forward(const int* tokens, const int* targets, int B, int T);
+  void backward(float scale, bool last_micro_step);
+  // Waits for the gradient reductions; returns the L2 norm of the averaged gradient.
+  double finish_gradients();
+  void optimizer_step(float grad_scale, double lr, const train::TrainConfig& c, int64_t t);
+
+  // Small collectives over the world, for the trainer (timed as communication).
+  std::vector<double> allreduce_sum(std::vector<double> v);
+  std::vector<double> allgather(const std::vector<double>& v);  // rank-major
+  void barrier();
+
+  // Seconds the calling thread spent waiting on communication since the last reset.
+  double comm_wait_s() const { return comm_wait_s_; }
+  void reset_comm_wait() { comm_wait_s_ = 0; }
+
+  // UnitHooks
+  void before_use(int u) override;
+  void after_use(int u) override;
+  void grads_ready(int u) override;
+
+ private:
+  struct Unit {
+    size_t begin = 0, end = 0;          // in the model's flat layout
+    size_t shard = 0;                   // elements per rank (padded unit / S)
+    size_t own_begin = 0, own_end = 0;  // this rank's elements, flat layout (may be empty)
+    size_t full_off = 0;                // offset in padded full buffers
+    size_t shard_off = 0;               // offset in this rank's shard buffers
+    size_t n() const { return end - begin; }
+  };
+  struct Pending {  // a gradient reduction in flight
+    int unit;
+    comm::WorkPtr work;
+    std::vector<uint16_t> bf16;  // staging when communicating in bf16
+  };
+  enum class Phase { kIdle, kForward, kBackward };
+
+  void launch_reduction(int u);
+  void retire(Pending& p);
+  void retire_done(size_t max_in_flight);
+  void wait(const comm::WorkPtr& w);
+  float* own_grad(int u);    // this rank's reduced gradient shard of unit u
+  float* own_param(int u);   // this rank's parameter shard of unit u
+  float* full_param(int u);  // stage 0-2: the unit's full parameters
+  void gather(int u);        // stage 3: start gathering unit u
+  void release_gathered(int u);
+  int next_use(int u);
+  template <typename Fn>
+  void for_each_slice(int u, size_t lo, size_t hi, Fn fn) const;
+
+  model::Gpt& model_;
+  std::shared_ptr<comm::Communicator> world_, shard_group_, replica_group_;
+  DpOptions opt_;
+  int S_ = 1, r_ = 0;  // shard group size and this rank's index in it
+  std::vector<Unit> units_;
+  StateVector params_, grads_;  // stage 0-1: full (padded); 2: full params, grad shard; 3: shards
+  std::vector<StateVector> unit_grads_;   // stage 2-3: a unit's full gradient during backward
+  std::vector<StateVector> gathered_;     // stage 3: a unit's gathered parameters
+  std::vector<comm::WorkPtr> gathering_;  // stage 3: gathers in flight
+  std::vector<std::unique_ptr<train::AdamW>> adam_;
+  std::deque<Pending> pending_;
+  Phase phase_ = Phase::kIdle;
+  bool last_micro_ = true;
+  // Stage 3 prefetch: the use order of forward and of backward, recorded on the first step.
+  std::vector<int> order_[2];
+  bool recorded_[2] = {false, false};
+  size_t cursor_ = 0;
+  double comm_wait_s_ = 0;
+};
+
+}  // namespace loom::parallel
