@@ -28,14 +28,14 @@ def flops_per_token(L, C, T):  # the same count as loom's GptConfig::flops_per_t
     return 6 * params + 12 * L * C * T
 
 
-def pytorch_worker(name, steps, dtype):
-    """Runs in a child process: prints the median step seconds."""
+def make_gpt(name, B):
+    """The GPT-2 model of `name` in PyTorch, for micro-batch B (also used by
+    bench/dp_vs_pytorch.py)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
 
-    torch.set_num_threads(2)
-    L, NH, C, T, B = SHAPES[name]
+    L, NH, C, T, _ = SHAPES[name]
 
     class Block(nn.Module):
         def __init__(self):
@@ -43,14 +43,15 @@ def pytorch_worker(name, steps, dtype):
             self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
             self.qkv, self.attproj = nn.Linear(C, 3 * C), nn.Linear(C, C)
             self.fc, self.fcproj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
-            self.register_buffer("mask", torch.tril(torch.ones(T, T, dtype=torch.bool)))
+            # float, not bool: gloo cannot broadcast bool buffers (DDP syncs buffers)
+            self.register_buffer("mask", torch.tril(torch.ones(T, T)))
 
         def forward(self, x):
             q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
             hs = C // NH
             q, k, v = (t.view(B, T, NH, hs).transpose(1, 2) for t in (q, k, v))
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-            att = att.masked_fill(~self.mask, float("-inf")).softmax(dim=-1)
+            att = att.masked_fill(self.mask == 0, float("-inf")).softmax(dim=-1)
             y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
             x = x + self.attproj(y)
             return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
@@ -69,12 +70,23 @@ def pytorch_worker(name, steps, dtype):
             logits = self.lnf(x) @ self.wte.weight.T
             return F.cross_entropy(logits.view(-1, V).float(), targets.view(-1))
 
+    return GPT()
+
+
+def adamw_groups(model):
+    return [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def pytorch_worker(name, steps, dtype):
+    """Runs in a child process: prints the median step seconds."""
+    import torch
+
+    torch.set_num_threads(2)
+    L, NH, C, T, B = SHAPES[name]
     torch.manual_seed(0)
-    model = GPT()
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": other, "weight_decay": 0.0}], lr=6e-4, betas=(0.9, 0.95))
+    model = make_gpt(name, B)
+    opt = torch.optim.AdamW(adamw_groups(model), lr=6e-4, betas=(0.9, 0.95))
     x = torch.randint(0, V, (B, T))
     y = torch.randint(0, V, (B, T))
     times = []

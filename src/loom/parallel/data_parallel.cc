@@ -23,9 +23,7 @@ void to_bf16(const float* in, uint16_t* out, size_t n) {
 void from_bf16(const uint16_t* in, float* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(in[i]);
 }
-void free_buffer(StateVector& v) {
-  StateVector().swap(v);
-}
+
 
 }  // namespace
 
@@ -161,6 +159,19 @@ void DataParallel::for_each_slice(int u, size_t lo, size_t hi, Fn fn) const {
     const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.size);
     if (a < b) fn(t, static_cast<int64_t>(a - t.offset), static_cast<int64_t>(b - a), a);
   }
+}
+
+StateVector DataParallel::take(size_t n) {
+  auto it = pool_.find(n);
+  if (it == pool_.end()) return StateVector(n);
+  StateVector v = std::move(it->second);
+  pool_.erase(it);
+  return v;
+}
+
+void DataParallel::give(StateVector& v) {
+  pool_.emplace(v.size(), std::move(v));
+  v = StateVector();
 }
 
 // ---- weights ----
@@ -307,7 +318,7 @@ void DataParallel::retire(Pending& p) {
   if (opt_.zero >= 2) {  // accumulate into the persistent shard; drop the full gradient
     float* dst = grads_.data() + x.shard_off;
     for (size_t i = 0; i < x.shard; ++i) dst[i] += slice[i];
-    free_buffer(unit_grads_[u]);
+    give(unit_grads_[u]);
     model_.bind_unit(u, opt_.zero == 2 ? full_param(u) : nullptr, nullptr);
   }
 }
@@ -383,14 +394,14 @@ int DataParallel::next_use(int u) {
 void DataParallel::gather(int u) {
   if (!gathered_[u].empty()) return;
   const Unit& x = units_[u];
-  gathered_[u].resize(x.shard * S_);
+  gathered_[u] = take(x.shard * S_);
   gathering_[u] =
       shard_group_->allgather_async(own_param(u), gathered_[u].data(), x.shard, DType::kF32);
 }
 
 void DataParallel::release_gathered(int u) {
   if (gathering_[u]) wait(gathering_[u]), gathering_[u] = nullptr;
-  if (!gathered_[u].empty()) free_buffer(gathered_[u]);
+  if (!gathered_[u].empty()) give(gathered_[u]);
 }
 
 void DataParallel::before_use(int u) {
@@ -398,7 +409,10 @@ void DataParallel::before_use(int u) {
   const bool backward = phase_ == Phase::kBackward;
   if (backward) {
     retire_done(2);  // frees the full gradients of units already reduced
-    if (unit_grads_[u].empty()) unit_grads_[u].assign(units_[u].shard * S_, 0.0f);
+    if (unit_grads_[u].empty()) {
+      unit_grads_[u] = take(units_[u].shard * S_);
+      std::fill(unit_grads_[u].begin(), unit_grads_[u].end(), 0.0f);
+    }
   }
   float* g = unit_grads_[u].empty() ? nullptr : unit_grads_[u].data();
   if (opt_.zero == 2) {

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -110,6 +111,12 @@ class DataParallel : public model::UnitHooks {
   float* own_grad(int u);    // this rank's reduced gradient shard of unit u
   float* own_param(int u);   // this rank's parameter shard of unit u
   float* full_param(int u);  // stage 0-2: the unit's full parameters
+  // Unit-sized buffers (gathered parameters, full gradients) are taken from and given back
+  // to a pool: the memory stays counted (StateMemory sees no free), but a step does not
+  // pay the kernel for fresh zeroed pages every time (~12% of a ZeRO-3 step on `small`
+  // when they were freed to the OS). The pool holds at most what was live at once.
+  StateVector take(size_t n);
+  void give(StateVector& v);
   void gather(int u);        // stage 3: start gathering unit u
   void release_gathered(int u);
   int next_use(int u);
@@ -126,6 +133,7 @@ class DataParallel : public model::UnitHooks {
   std::vector<StateVector> gathered_;     // stage 3: a unit's gathered parameters
   std::vector<comm::WorkPtr> gathering_;  // stage 3: gathers in flight
   std::vector<std::unique_ptr<train::AdamW>> adam_;
+  std::multimap<size_t, StateVector> pool_;
   std::deque<Pending> pending_;
   Phase phase_ = Phase::kIdle;
   bool last_micro_ = true;
