@@ -320,8 +320,9 @@ int Trainer::run() {
   if (chatty())
     std::printf(
         "loom: training %s (%.1fM parameters) on %s: %lld steps of %lld sequences x %lld "
-        "tokens (micro-batch %lld x %lld accumulation x %d ranks, ZeRO %lld), %s, %d threads "
-        "per rank, MFU peak %.0f GFLOP/s\n",
+        "tokens (micro-batch %lld x %lld accumulation x %d ranks, ZeRO %lld), %s, threads per "
+        "rank: "
+        "%d, MFU peak %.0f GFLOP/s\n",
         model_cfg_.name.c_str(), model_.num_params() / 1e6, cfg_.data_path.c_str(),
         static_cast<long long>(cfg_.steps), static_cast<long long>(cfg_.global_batch),
         static_cast<long long>(cfg_.seq_len), static_cast<long long>(cfg_.micro_batch),
