@@ -24,7 +24,6 @@ void from_bf16(const uint16_t* in, float* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(in[i]);
 }
 
-
 }  // namespace
 
 DataParallel::DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator> world,

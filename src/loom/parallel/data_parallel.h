@@ -117,7 +117,7 @@ class DataParallel : public model::UnitHooks {
   // when they were freed to the OS). The pool holds at most what was live at once.
   StateVector take(size_t n);
   void give(StateVector& v);
-  void gather(int u);        // stage 3: start gathering unit u
+  void gather(int u);  // stage 3: start gathering unit u
   void release_gathered(int u);
   int next_use(int u);
   template <typename Fn>
