@@ -13,6 +13,7 @@ pkgs=(
   openmpi-bin libopenmpi-dev libgloo-dev iperf3   # peers for bench/ (side-by-side numbers)
   bible-kjv bible-kjv-text          # a small public-domain corpus (README's main job, tests)
   python3-torch                     # PyTorch 1.13: the reference the model is tested against
+  libtorch-dev pybind11-dev python3-dev python3-pytest   # loom_torch (torch.distributed backend)
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -309,11 +309,6 @@ void DataParallel::retire(Pending& p) {
   float* slice = opt_.zero == 1 ? grads_.data() + x.full_off + r_ * x.shard
                                 : unit_grads_[u].data() + r_ * x.shard;
   if (!p.bf16.empty()) from_bf16(p.bf16.data() + r_ * x.shard, slice, x.shard);
-  if (replica_group_) {
-    const auto t0 = Clock::now();
-    replica_group_->allreduce(slice, slice, x.shard, DType::kF32, ReduceOp::kAvg);
-    comm_wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
-  }
   if (opt_.zero >= 2) {  // accumulate into the persistent shard; drop the full gradient
     float* dst = grads_.data() + x.shard_off;
     for (size_t i = 0; i < x.shard; ++i) dst[i] += slice[i];
@@ -332,6 +327,16 @@ void DataParallel::retire_done(size_t max_in_flight) {
 
 double DataParallel::finish_gradients() {
   retire_done(0);
+  if (replica_group_ && opt_.zero > 0) {
+    // Across machines, once per step, after every micro-step has been reduced inside the
+    // machine. (Here and not as each reduce-scatter lands: that moment differs between
+    // ranks, and blocking on a second group at rank-dependent points can deadlock.)
+    std::vector<comm::WorkPtr> works;
+    for (int u = 0; u < static_cast<int>(units_.size()); ++u)
+      works.push_back(replica_group_->allreduce_async(own_grad(u), own_grad(u), units_[u].shard,
+                                                      DType::kF32, ReduceOp::kAvg));
+    for (auto& w : works) wait(w);
+  }
   double ss = 0;
   if (opt_.zero == 0) {
     for (int u = 0; u < static_cast<int>(units_.size()); ++u)
