@@ -365,6 +365,25 @@ def launchers():
         env=dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none"))
     compare("mpirun -np 2 zero=2", losses(d), base)
 
+    # The environment Slurm's srun gives its tasks (no Slurm here: the variables are what
+    # the bootstrap reads; tests/unit/bootstrap_test.cc covers their parsing).
+    d = os.path.join(WORK, "ln_slurm")
+    shutil.rmtree(d, ignore_errors=True)
+    port = free_port()
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
+                   SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NUM_NODES="1", SLURM_JOB_ID="4242",
+                   SLURM_JOB_NODELIST="localhost", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([LOOM] + train_args(d, "--set", "train.zero=1"), env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for r, p in enumerate(procs):
+        out, err = p.communicate(timeout=300)
+        if p.returncode != 0:
+            fail("slurm-style rank %d exited %d:\n%s" % (r, p.returncode, err[-2000:]))
+    compare("srun environment, 2 tasks, zero=1", losses(d), base)
+
     # Two "machines" of two ranks each: the ranks are started by hand, as a cluster
     # scheduler would, with LOOM_HOST_ID naming their machine. Across machines the ranks
     # talk TCP; ZeRO shards within a machine and replicates across.
