@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string_view>
 #include <thread>
 
@@ -165,6 +166,7 @@ LaunchResult run_local(const LaunchOptions& opts) {
   Clock::time_point term_sent;
   std::vector<bool> done(opts.nprocs, false);
   Clock::time_point interrupted_at;
+  std::optional<Clock::time_point> teardown_at;
   auto teardown = [&] {
     if (tearing_down) return;
     tearing_down = true;
@@ -191,11 +193,17 @@ LaunchResult run_local(const LaunchOptions& opts) {
         bool failed = e.signal != 0 || e.exit_code != 0;
         if (failed && !e.killed_by_launcher && result.first_failure < 0) {
           result.first_failure = q;
-          if (opts.fail_fast) teardown();
+          // Bad input (exit 2) is found by every rank on its own before any connects: let
+          // the others print their error and exit before stopping them.
+          if (opts.fail_fast)
+            teardown_at = Clock::now() +
+                          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                              e.exit_code == 2 ? opts.input_error_grace_seconds : 0.0));
         }
       }
       continue;
     }
+    if (teardown_at && !tearing_down && Clock::now() >= *teardown_at) teardown();
     if (opts.timeout_seconds > 0 && !tearing_down &&
         std::chrono::duration<double>(Clock::now() - start).count() > opts.timeout_seconds) {
       result.timed_out = true;

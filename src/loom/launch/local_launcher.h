@@ -41,6 +41,9 @@ struct LaunchOptions {
   // running after `interrupt_grace_seconds` are killed.
   const std::atomic<int>* forward_signal = nullptr;
   double interrupt_grace_seconds = 120;
+  // A rank that exits with code 2 (bad input) stops the job only after this long, so the
+  // other ranks can report the same error themselves.
+  double input_error_grace_seconds = 3;
 };
 
 struct LaunchResult {
