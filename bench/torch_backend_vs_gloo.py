@@ -49,10 +49,13 @@ def worker(backend, rank, world, port, sizes, out):
         else:
             ops["all_gather_into_tensor"] = lambda: dist.all_gather(parts, shard)
         for name, fn in ops.items():
-            fn()  # warm-up
+            t0 = time.perf_counter()
+            fn()  # warm-up; every rank then runs the same number of iterations (~2 s)
+            warm = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(warm, op=dist.ReduceOp.MAX)
+            iters = int(min(50, max(5, 2.0 / max(warm.item(), 1e-6))))
             times = []
-            budget = time.perf_counter() + 2.0
-            while len(times) < 5 or (len(times) < 50 and time.perf_counter() < budget):
+            for _ in range(iters):
                 dist.barrier()
                 t0 = time.perf_counter()
                 fn()
