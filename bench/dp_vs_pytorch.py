@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_vs_pytorch import SHAPES, V, adamw_groups, make_gpt  # noqa: E402
+from train_vs_pytorch import SHAPES, V, adamw_groups, free_port, make_gpt  # noqa: E402
 
 
 def torch_worker(name, rank, world, port, steps, zero, B):
@@ -59,14 +58,6 @@ def torch_worker(name, rank, world, port, steps, zero, B):
     if rank == 0:
         print(json.dumps({"step_s": statistics.median(times[1:])}))
     dist.destroy_process_group()
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def torch_ddp(name, steps, zero, B):

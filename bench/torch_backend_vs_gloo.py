@@ -13,13 +13,14 @@
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from train_vs_pytorch import free_port  # noqa: E402
 
 
 def parse_size(s):
@@ -97,14 +98,6 @@ def ddp_worker(backend, rank, world, port, steps, out):
         with open(out, "w") as f:
             json.dump({"step_s": statistics.median(times[1:])}, f)
     dist.destroy_process_group()
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def spawn(args, world):

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -100,6 +101,15 @@ def pytorch_worker(name, steps, dtype):
         opt.step()
         times.append(time.perf_counter() - t0)
     print(json.dumps({"step_s": statistics.median(times[1:])}))
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 now (rendezvous of the DDP benchmarks' ranks)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 def run_child(cmd, env):

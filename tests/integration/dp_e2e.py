@@ -24,30 +24,14 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+from common import fail, free_port, prepare_data  # noqa: E402
+
 LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 TOL = 1e-5
-
-
-def fail(msg):
-    print("FAIL:", msg)
-    sys.exit(1)
-
-
-def prepare_data():
-    data = os.path.join(WORK, "kjv")
-    if os.path.exists(os.path.join(data, "manifest.json")):
-        return data
-    os.makedirs(WORK, exist_ok=True)
-    text = os.path.join(WORK, "kjv.txt")
-    with open(text, "wb") as f:
-        subprocess.run(["bible", "-f", "gen1:1-rev22:21"], stdout=f, check=True)
-    subprocess.run([LOOM, "prep", "-i", text, "-o", data, "--quiet"], check=True)
-    return data
 
 
 def train_args(run_dir, *extra, steps=20):
@@ -342,14 +326,6 @@ def resume():
     compare("SIGINT then --resume", losses(d), want, TOL)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def launchers():
     base_dir = os.path.join(WORK, "ln_base")
     shutil.rmtree(base_dir, ignore_errors=True)
@@ -417,6 +393,6 @@ def launchers():
              "(a 4-rank one holds %.2f)" % (per_rank, want, not_want))
 
 
-DATA = prepare_data()
+DATA = prepare_data(LOOM, WORK)
 {"equivalence": equivalence, "resume": resume, "launchers": launchers}[MODE]()
 print("PASS", MODE)

@@ -18,24 +18,9 @@ import subprocess
 import sys
 import time
 
+from common import fail, prepare_data  # noqa: E402
+
 LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
-
-
-def fail(msg):
-    print("FAIL:", msg)
-    sys.exit(1)
-
-
-def prepare_data():
-    data = os.path.join(WORK, "kjv")
-    if os.path.exists(os.path.join(data, "manifest.json")):
-        return data
-    os.makedirs(WORK, exist_ok=True)
-    text = os.path.join(WORK, "kjv.txt")
-    with open(text, "wb") as f:
-        subprocess.run(["bible", "-f", "gen1:1-rev22:21"], stdout=f, check=True)
-    subprocess.run([LOOM, "prep", "-i", text, "-o", data, "--quiet"], check=True)
-    return data
 
 
 def train_cmd(run_dir, *extra):
@@ -240,7 +225,7 @@ def check_bf16():
         fail("bf16 is more than 2% away from fp32")
 
 
-DATA = prepare_data()
+DATA = prepare_data(LOOM, WORK)
 for old in os.listdir(WORK):  # runs of an earlier invocation
     if old.startswith("run_"):
         shutil.rmtree(os.path.join(WORK, old))

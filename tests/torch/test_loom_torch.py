@@ -4,7 +4,6 @@ Run with /usr/bin/python3 -m pytest tests/torch (PYTHONPATH holding build/python
 CTest entry sets it). Ranks are plain subprocesses (torchrun is not used: see README)."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -12,14 +11,8 @@ import tempfile
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+from common import free_port  # noqa: E402
 
 
 def launch(scenario, world, timeout=240):
