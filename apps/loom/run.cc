@@ -57,6 +57,7 @@ std::function<int()> add_run_command(CLI::App& app) {
     lo.nprocs = a->n;
     lo.argv = cmd;
     lo.prefix_output = true;
+    lo.torch_env = true;
     lo.forward_signal = &g_signal;
     lo.timeout_seconds = a->timeout;
     if (a->all_ranks) lo.env["LOOM_LOG_ALL_RANKS"] = "1";

@@ -65,3 +65,14 @@ def test_mismatched_collective_raises_on_every_rank():
     for r in launch("desync", 2):
         assert r["raised"], r
         assert "desync" in r["msg"], r["msg"]
+
+
+def test_loom_run_starts_a_torch_script():
+    loom = os.environ.get("LOOM_BIN")
+    if not loom:
+        pytest.skip("LOOM_BIN (the loom executable) not given")
+    p = subprocess.run([loom, "run", "-n", "3", sys.executable, os.path.join(HERE, "env_worker.py")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for r in range(3):
+        assert "[rank %d] rank %d of 3: sum 6" % (r, r) in p.stdout, p.stdout

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <thread>
 
+#include "loom/comm/net/socket.h"
 #include "loom/comm/store/tcp_store.h"
 #include "loom/core/error.h"
 #include "loom/core/hmac.h"
@@ -89,6 +90,11 @@ bool pump_output(std::vector<OutputStream>& streams, int timeout_ms) {
   return true;
 }
 
+int free_port(const std::string& host) {
+  comm::net::Fd fd = comm::net::listen_on(host, 0);
+  return comm::net::local_address(fd.get()).port;  // closed on return, free until reused
+}
+
 }  // namespace
 
 LaunchResult run_local(const LaunchOptions& opts) {
@@ -97,6 +103,8 @@ LaunchResult run_local(const LaunchOptions& opts) {
   std::string url = "tcp://" + store.address().str();
   std::string job_id = "local-" + std::to_string(::getpid()) + "-" + token.substr(0, 8);
 
+  // torch's rank 0 hosts its own store: give it a port that is free now.
+  const int torch_port = opts.torch_env ? free_port(opts.store_host) : 0;
   std::vector<pid_t> pids(opts.nprocs, 0);
   std::vector<OutputStream> streams;  // prefix_output: the read ends of the ranks' pipes
   LaunchResult result;
@@ -117,6 +125,12 @@ LaunchResult run_local(const LaunchOptions& opts) {
     vars["LOOM_STORE_EXTERNAL"] = "1";
     vars["LOOM_JOB_TOKEN"] = token;
     vars["LOOM_JOB_ID"] = job_id;
+    if (opts.torch_env) {  // what torch.distributed's env:// reads (torchrun's names)
+      vars["RANK"] = vars["LOCAL_RANK"] = std::to_string(r);
+      vars["WORLD_SIZE"] = vars["LOCAL_WORLD_SIZE"] = std::to_string(opts.nprocs);
+      vars.emplace("MASTER_ADDR", opts.store_host);
+      vars.emplace("MASTER_PORT", std::to_string(torch_port));
+    }
     std::vector<std::string> env_strings;
     for (const auto& [k, v] : vars) env_strings.push_back(k + "=" + v);
     std::vector<char*> envp, argv;

@@ -35,6 +35,9 @@ struct LaunchOptions {
   bool fail_fast = true;       // tear the job down when a rank fails (tests of the ranks' own
                                // failure detection turn this off)
   std::string log_dir;         // if set, rank r's stdout+stderr go to <log_dir>/rank<r>.log
+  // Also set RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and (unless set) MASTER_ADDR /
+  // MASTER_PORT, so `dist.init_process_group("loom")` (env://) works in the ranks.
+  bool torch_env = false;
   bool prefix_output = false;  // else: each line of rank r's output is printed as "[rank r] ..."
   // When the pointed-to value becomes non-zero (a signal number, set by the caller's signal
   // handler), that signal is sent to every rank once and the job is let finish; ranks still
