@@ -4,6 +4,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 
 #include "loom/core/error.h"
@@ -145,6 +146,8 @@ class LoomWork : public c10d::Work {
     works_.back()->on_done([self] { self->complete(); });
   }
 
+  void set_source(int rank) { source_ = rank; }
+  int sourceRank() const override { return source_; }
   std::vector<at::Tensor> result() override { return result_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
@@ -182,6 +185,7 @@ class LoomWork : public c10d::Work {
   std::vector<WorkPtr> works_;
   Tensors keep_;
   std::function<void()> post_;
+  int source_ = -1;
 };
 
 namespace {
@@ -198,7 +202,13 @@ size_t count_of(const at::Tensor& t) {
 
 ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                    std::chrono::milliseconds timeout)
-    : LOOM_TORCH_BASE(rank, size), timeout_(timeout) {
+    : LOOM_TORCH_BASE(rank, size),
+      timeout_(timeout),
+      store_(store),
+      consumed_(size, 0),
+      seen_(size, 0) {
+  const char* any = std::getenv("LOOM_TORCH_ANY_SOURCE");
+  any_source_ = any && std::string(any) == "1";
   auto s = std::make_shared<TorchStore>(store);
   loom::comm::CommConfig cfg = loom::comm::CommConfig::from_env();
   cfg.name = "torch";
@@ -580,6 +590,12 @@ ProcessGroupLoom::Work ProcessGroupLoom::send(Tensors& tensors, int dst, int /*t
   const at::Tensor& t = single(tensors, "send");
   TORCH_CHECK(dst >= 0 && dst < size_ && dst != rank_, "loom: send: peer ", dst,
               " is not another rank of this group of ", size_);
+  if (any_source_) {  // announce it, for a receiver that does not name its source
+    const std::string base = "loom_any/" + std::to_string(dst) + "/";
+    const int64_t n = store_->add(base + "n", 1) - 1;
+    const std::string me = std::to_string(rank_);
+    store_->set(base + std::to_string(n), std::vector<uint8_t>(me.begin(), me.end()));
+  }
   at::Tensor c = contig(t);
   auto w = make_work(c10d::OpType::SEND, tensors);
   w->keep(c);
@@ -592,8 +608,13 @@ ProcessGroupLoom::Work ProcessGroupLoom::recv(Tensors& tensors, int src, int /*t
   const at::Tensor& t = single(tensors, "recv");
   TORCH_CHECK(src >= 0 && src < size_ && src != rank_, "loom: recv: peer ", src,
               " is not another rank of this group of ", size_);
+  if (any_source_) {
+    std::lock_guard<std::mutex> lock(any_mu_);
+    ++consumed_[src];
+  }
   at::Tensor c = contig(t);
   auto w = make_work(c10d::OpType::RECV, tensors);
+  w->set_source(src);
   w->keep(c);
   w->add(comm_->recv_async(ptr(c), count_of(c), dtype_of(t, "recv"), src, op_options(timeout_)));
   if (!c.is_same(t)) w->then([t, c]() mutable { t.copy_(c); });
@@ -601,11 +622,27 @@ ProcessGroupLoom::Work ProcessGroupLoom::recv(Tensors& tensors, int src, int /*t
   return w;
 }
 
-ProcessGroupLoom::Work ProcessGroupLoom::recvAnysource(Tensors& /*tensors*/, int /*tag*/) {
-  TORCH_CHECK(false,
-              "loom: recv without a source rank is not supported: loom matches every receive to "
-              "a named peer (each pair's messages are sequenced, which is how a desync is "
-              "caught); pass src=");
+ProcessGroupLoom::Work ProcessGroupLoom::recvAnysource(Tensors& tensors, int tag) {
+  TORCH_CHECK(any_source_,
+              "loom: recv without a source rank needs LOOM_TORCH_ANY_SOURCE=1 on every rank "
+              "(loom matches each receive to a named peer; with the variable set, every send "
+              "is also announced through the store, ~0.1 ms each); or pass src=");
+  single(tensors, "recv");
+  // Block (this thread) until an announcement of a message not yet received names its
+  // sender, then receive from it like a named recv.
+  int src = -1;
+  {
+    std::lock_guard<std::mutex> lock(any_mu_);
+    const std::string base = "loom_any/" + std::to_string(rank_) + "/";
+    while (src < 0) {
+      const std::string key = base + std::to_string(any_cursor_++);
+      store_->wait({key}, timeout_);
+      const auto v = store_->get(key);
+      const int s = std::stoi(std::string(v.begin(), v.end()));
+      if (++seen_[s] > consumed_[s]) src = s;
+    }
+  }
+  return recv(tensors, src, tag);
 }
 
 ProcessGroupLoom::Work ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {

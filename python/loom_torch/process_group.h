@@ -21,6 +21,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "loom/comm/communicator.h"
@@ -80,6 +81,14 @@ class ProcessGroupLoom : public LOOM_TORCH_BASE {
 
   std::shared_ptr<loom::comm::Communicator> comm_;
   std::chrono::milliseconds timeout_;
+  // recv without a source (LOOM_TORCH_ANY_SOURCE=1): each send is announced in torch's
+  // store under the receiver's key ("loom_any/<dst>/<n>" = sender); the receiver walks the
+  // announcements, skipping messages a named recv already took (consumed_ vs seen_).
+  c10::intrusive_ptr<c10d::Store> store_;
+  bool any_source_ = false;
+  std::mutex any_mu_;
+  std::vector<int64_t> consumed_, seen_;
+  int64_t any_cursor_ = 0;
 };
 
 }  // namespace loom_torch

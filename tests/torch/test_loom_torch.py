@@ -15,11 +15,11 @@ sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 from common import free_port  # noqa: E402
 
 
-def launch(scenario, world, timeout=240):
+def launch(scenario, world, timeout=240, **extra_env):
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="loom-torch-")
     outs = [os.path.join(tmp, "rank%d.json" % r) for r in range(world)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", LOOM_LOG="error")
+    env = dict(os.environ, OMP_NUM_THREADS="1", LOOM_LOG="error", **extra_env)
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "worker.py"), scenario, str(r),
                                str(world), str(port), outs[r]],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -65,6 +65,12 @@ def test_mismatched_collective_raises_on_every_rank():
     for r in launch("desync", 2):
         assert r["raised"], r
         assert "desync" in r["msg"], r["msg"]
+
+
+def test_recv_from_any_source():
+    got = launch("any_source", 3, LOOM_TORCH_ANY_SOURCE="1")[0]["got"]
+    assert got[0] == [1, 10.0]
+    assert sorted(got[1:]) == [[1, 11.0], [2, 20.0]], got
 
 
 def test_loom_run_starts_a_torch_script():

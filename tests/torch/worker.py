@@ -296,10 +296,31 @@ def scenario_desync():
         return {"raised": True, "msg": str(e)}
 
 
+def scenario_any_source():
+    """recv without a source (LOOM_TORCH_ANY_SOURCE=1), mixed with a named recv."""
+    init()
+    got = []
+    if RANK == 1:
+        dist.send(torch.full((4,), 10.0), 0)
+        dist.send(torch.full((4,), 11.0), 0)
+    elif RANK == 2:
+        dist.send(torch.full((4,), 20.0), 0)
+    else:
+        t = torch.empty(4)
+        dist.recv(t, src=1)
+        got.append([1, t[0].item()])
+        for _ in range(2):
+            src = dist.recv(t)  # any source: returns the sender
+            got.append([src, t[0].item()])
+    dist.barrier()
+    return {"got": got}
+
+
 if __name__ == "__main__":
     fn = {"ops": scenario_ops, "ddp_loom": lambda: scenario_ddp("loom"),
           "ddp_gloo": lambda: scenario_ddp("gloo"), "zero": scenario_zero,
-          "missing_peer": scenario_missing_peer, "desync": scenario_desync}[SCENARIO]
+          "missing_peer": scenario_missing_peer, "desync": scenario_desync,
+          "any_source": scenario_any_source}[SCENARIO]
     result = fn()
     with open(OUT, "w") as f:
         json.dump(result, f)
