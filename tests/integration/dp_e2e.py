@@ -326,6 +326,17 @@ def resume():
     compare("SIGINT then --resume", losses(d), want, TOL)
 
 
+def run_ranks(what, cmd, envs):
+    """Starts one process per entry of envs (the environment a scheduler would give that
+    rank) and waits for all of them to succeed."""
+    procs = [subprocess.Popen(cmd, env=dict(os.environ, **e), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for e in envs]
+    for r, p in enumerate(procs):
+        out, err = p.communicate(timeout=300)
+        if p.returncode != 0:
+            fail("%s: rank %d exited %d:\n%s" % (what, r, p.returncode, err[-2000:]))
+
+
 def launchers():
     base_dir = os.path.join(WORK, "ln_base")
     shutil.rmtree(base_dir, ignore_errors=True)
@@ -346,18 +357,11 @@ def launchers():
     d = os.path.join(WORK, "ln_slurm")
     shutil.rmtree(d, ignore_errors=True)
     port = free_port()
-    procs = []
-    for r in range(2):
-        env = dict(os.environ, SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
-                   SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NUM_NODES="1", SLURM_JOB_ID="4242",
-                   SLURM_JOB_NODELIST="localhost", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([LOOM] + train_args(d, "--set", "train.zero=1"), env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for r, p in enumerate(procs):
-        out, err = p.communicate(timeout=300)
-        if p.returncode != 0:
-            fail("slurm-style rank %d exited %d:\n%s" % (r, p.returncode, err[-2000:]))
+    run_ranks("srun-style", [LOOM] + train_args(d, "--set", "train.zero=1"), [
+        dict(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
+             SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NUM_NODES="1", SLURM_JOB_ID="4242",
+             SLURM_JOB_NODELIST="localhost", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        for r in range(2)])
     compare("srun environment, 2 tasks, zero=1", losses(d), base)
 
     # Two "machines" of two ranks each: the ranks are started by hand, as a cluster
@@ -366,19 +370,12 @@ def launchers():
     d = os.path.join(WORK, "ln_node")
     shutil.rmtree(d, ignore_errors=True)
     port = free_port()
-    procs = []
-    for r in range(4):
-        env = dict(os.environ, LOOM_RANK=str(r), LOOM_WORLD_SIZE="4", LOOM_LOCAL_RANK=str(r % 2),
-                   LOOM_LOCAL_WORLD_SIZE="2", LOOM_STORE="tcp://127.0.0.1:%d" % port,
-                   LOOM_JOB_TOKEN="dp-e2e-token", LOOM_HOST_ID="machine%d" % (r // 2))
-        procs.append(subprocess.Popen([LOOM] + train_args(d, "--set", "train.zero=3",
-                                                          "--set", "zero.shard_group=node"),
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
-    for r, p in enumerate(procs):
-        out, err = p.communicate(timeout=300)
-        if p.returncode != 0:
-            fail("rank %d of the 2x2 job exited %d:\n%s" % (r, p.returncode, err[-2000:]))
+    run_ranks("2x2", [LOOM] + train_args(d, "--set", "train.zero=3",
+                                         "--set", "zero.shard_group=node"), [
+        dict(LOOM_RANK=str(r), LOOM_WORLD_SIZE="4", LOOM_LOCAL_RANK=str(r % 2),
+             LOOM_LOCAL_WORLD_SIZE="2", LOOM_STORE="tcp://127.0.0.1:%d" % port,
+             LOOM_JOB_TOKEN="dp-e2e-token", LOOM_HOST_ID="machine%d" % (r // 2))
+        for r in range(4)])
     compare("2 machines x 2 ranks, zero=3 shard_group=node", losses(d), base)
     # Sharded over the 2 ranks of a machine, not over all 4: the per-rank model state is
     # stage 3's over 2.
