@@ -129,6 +129,15 @@ def equivalence():
         d = os.path.join(WORK, "eq_bf16_z%d" % zero)
         train(d, 2, "--set", "train.zero=%d" % zero, "--set", "zero.comm_dtype=bf16")
         compare("n=2 zero=%d comm in bf16" % zero, losses(d), base, tol=1e-2)
+    # optim.lr_scale = linear: the peak LR times the data-parallel size (Horovod's rule).
+    d = os.path.join(WORK, "eq_lr_linear")
+    train(d, 2, "--set", "optim.lr_scale=linear", steps=8)
+    got = {m["step"]: m["lr"] for m in metrics(d) if "lr" in m}
+    want = {m["step"]: m["lr"] for m in metrics(os.path.join(WORK, "eq_1_none")) if "lr" in m}
+    if any(abs(got[s] - 2 * want[s]) > 1e-12 * want[s] for s in range(1, 6)):
+        fail("lr_scale=linear on 2 ranks: lr %s, expected twice %s" % (got, want))
+    print("ok  optim.lr_scale=linear doubles the LR on 2 ranks")
+
     # Memory: every rank's high-water mark of model-state buffers within the formula.
     one = metrics(os.path.join(WORK, "eq_1_none"))[-1]["state_peak_mb"][0] * MiB
     exp1, hi1 = memory_bound(0, 1)
