@@ -21,8 +21,6 @@ extern "C" void on_signal(int sig) {
   g_signal.store(sig);
 }
 
-const char* const kSubcommands[] = {"train", "bench", "tokenize", "prep", "sample"};
-
 }  // namespace
 
 std::function<int()> add_run_command(CLI::App& app) {
@@ -42,15 +40,17 @@ std::function<int()> add_run_command(CLI::App& app) {
   r->add_option("--timeout", a->timeout, "kill the job after this many seconds (0: never)");
   r->prefix_command();
   r->footer("Example: loom run -n 2 loom train -c configs/tiny.toml --set train.zero=1");
-  return [a, r]() -> int {
+  return [a, r, &app]() -> int {
     std::vector<std::string> cmd = r->remaining();
     if (!cmd.empty() && cmd[0] == "--") cmd.erase(cmd.begin());
     if (cmd.empty())
       throw UserError("loom run needs a command to start",
                       "e.g. loom run -n 2 loom train -c configs/tiny.toml");
-    if (cmd[0] == "loom") cmd[0] = launch::self_exe();
-    for (const char* sub : kSubcommands)
-      if (cmd[0] == sub) cmd.insert(cmd.begin(), launch::self_exe());
+    if (cmd[0] == "loom")
+      cmd[0] = launch::self_exe();
+    else if (cmd[0] != "run" &&
+             !app.get_subcommands([&](CLI::App* sub) { return sub->get_name() == cmd[0]; }).empty())
+      cmd.insert(cmd.begin(), launch::self_exe());  // `loom run -n 2 train ...`
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     launch::LaunchOptions lo;

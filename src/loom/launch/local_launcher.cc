@@ -179,8 +179,13 @@ LaunchResult run_local(const LaunchOptions& opts) {
   bool tearing_down = false;
   Clock::time_point term_sent;
   std::vector<bool> done(opts.nprocs, false);
-  Clock::time_point interrupted_at;
+  // When to stop the job: the earliest deadline any event asked for.
   std::optional<Clock::time_point> teardown_at;
+  auto teardown_in = [&](double seconds) {
+    const auto at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(seconds));
+    if (!teardown_at || at < *teardown_at) teardown_at = at;
+  };
   auto teardown = [&] {
     if (tearing_down) return;
     tearing_down = true;
@@ -209,10 +214,7 @@ LaunchResult run_local(const LaunchOptions& opts) {
           result.first_failure = q;
           // Bad input (exit 2) is found by every rank on its own before any connects: let
           // the others print their error and exit before stopping them.
-          if (opts.fail_fast)
-            teardown_at = Clock::now() +
-                          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-                              e.exit_code == 2 ? opts.input_error_grace_seconds : 0.0));
+          if (opts.fail_fast) teardown_in(e.exit_code == 2 ? opts.input_error_grace_seconds : 0);
         }
       }
       continue;
@@ -231,15 +233,11 @@ LaunchResult run_local(const LaunchOptions& opts) {
     if (opts.forward_signal && !result.forwarded_signal && !tearing_down) {
       if (int sig = opts.forward_signal->load()) {
         result.forwarded_signal = sig;
-        interrupted_at = Clock::now();
+        teardown_in(opts.interrupt_grace_seconds);
         for (int q = 0; q < opts.nprocs; ++q)
           if (!done[q]) ::kill(pids[q], sig);
       }
     }
-    if (result.forwarded_signal && !tearing_down &&
-        std::chrono::duration<double>(Clock::now() - interrupted_at).count() >
-            opts.interrupt_grace_seconds)
-      teardown();
     pump_output(streams, 5);
   }
   while (pump_output(streams, 50)) {  // what the ranks wrote last

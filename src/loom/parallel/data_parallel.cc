@@ -49,7 +49,8 @@ DataParallel::DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator
   }
   S_ = shard_group_ ? shard_group_->size() : 1;
   r_ = shard_group_ ? shard_group_->rank() : 0;
-  const bool direct = S_ == 1 && !replica_group_;  // nothing to shard or reduce
+  // One rank with nothing to shard or reduce: stages 2-3 hold what stage 1 holds.
+  if (S_ == 1 && !replica_group_) opt_.zero = std::min(opt_.zero, 1);
 
   size_t full = 0, shard = 0;
   for (int u = 0; u < model_.num_units(); ++u) {
@@ -76,7 +77,7 @@ DataParallel::DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator
       break;
     case 2:
       params_.assign(full, 0.0f);
-      grads_.assign(direct ? full : shard, 0.0f);
+      grads_.assign(shard, 0.0f);
       break;
     case 3:
       params_.assign(shard, 0.0f);
@@ -89,14 +90,13 @@ DataParallel::DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator
       adam_.push_back(std::make_unique<train::AdamW>(model_.tensors(), x.begin, x.end));
     else
       adam_.push_back(std::make_unique<train::AdamW>(model_.tensors(), x.own_begin, x.own_end));
-    if (opt_.zero <= 1 || direct)
+    if (opt_.zero <= 1)
       model_.bind_unit(u, params_.data() + x.full_off, grads_.data() + x.full_off);
     else if (opt_.zero == 2)
       model_.bind_unit(u, params_.data() + x.full_off, nullptr);
     else
       model_.bind_unit(u, nullptr, nullptr);
   }
-  if (direct) opt_.zero = std::min(opt_.zero, 1);  // one rank: stages 2-3 hold what 0-1 hold
   model_.set_hooks(this);
 }
 
@@ -113,14 +113,19 @@ DataParallel::~DataParallel() {
   for (auto& w : gathering_) quietly_wait(w);
 }
 
-void DataParallel::wait(const comm::WorkPtr& w) {
-  if (!w || w->test()) {
-    if (w) w->wait();  // rethrows a failure
-    return;
-  }
+template <typename Fn>
+void DataParallel::timed(Fn fn) {
   const auto t0 = Clock::now();
-  w->wait();
+  fn();
   comm_wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void DataParallel::wait(const comm::WorkPtr& w) {
+  if (!w) return;
+  if (w->test())
+    w->wait();  // rethrows a failure
+  else
+    timed([&] { w->wait(); });
 }
 
 float* DataParallel::own_grad(int u) {
@@ -207,14 +212,14 @@ void DataParallel::load(const ckpt::Reader& r) {
     const Unit& x = units_[u];
     auto* m = adam_[u]->m().data();
     auto* v = adam_[u]->v().data();
-    const size_t mbase = opt_.zero == 0 ? x.begin : x.own_begin;
-    const size_t lo = opt_.zero == 0 ? x.begin : x.own_begin;
-    const size_t hi = opt_.zero == 0 ? x.end : x.own_end;
-    for_each_slice(u, lo, hi, [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
-      r.read("adam_m/" + t.name, b, n, m + (a - mbase));
-      r.read("adam_v/" + t.name, b, n, v + (a - mbase));
-      if (opt_.zero == 3) r.read("param/" + t.name, b, n, own_param(u) + (a - x.own_begin));
-    });
+    const size_t mbase = adam_[u]->begin();  // the moments cover the optimizer's range
+    for_each_slice(u, mbase, adam_[u]->end(),
+                   [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
+                     r.read("adam_m/" + t.name, b, n, m + (a - mbase));
+                     r.read("adam_v/" + t.name, b, n, v + (a - mbase));
+                     if (opt_.zero == 3)
+                       r.read("param/" + t.name, b, n, own_param(u) + (a - x.own_begin));
+                   });
     if (opt_.zero < 3)
       for_each_slice(u, x.begin, x.end,
                      [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
@@ -228,7 +233,7 @@ std::vector<ckpt::Piece> DataParallel::checkpoint_pieces() {
   if (replica_group_ && replica_group_->rank() != 0) return pieces;  // a replica writes
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     const Unit& x = units_[u];
-    const size_t mbase = opt_.zero == 0 ? x.begin : x.own_begin;
+    const size_t mbase = adam_[u]->begin();
     const float* m = adam_[u]->m().data();
     const float* v = adam_[u]->v().data();
     for_each_slice(
@@ -337,19 +342,12 @@ double DataParallel::finish_gradients() {
                                                       DType::kF32, ReduceOp::kAvg));
     for (auto& w : works) wait(w);
   }
+  // Stage 0: every rank holds the whole averaged gradient; 1-3: each its slices, summed.
   double ss = 0;
-  if (opt_.zero == 0) {
-    for (int u = 0; u < static_cast<int>(units_.size()); ++u)
-      ss += train::sum_of_squares(own_grad(u), units_[u].n());
-    return std::sqrt(ss);
-  }
   for (int u = 0; u < static_cast<int>(units_.size()); ++u)
-    ss += train::sum_of_squares(own_grad(u), units_[u].own_end - units_[u].own_begin);
-  if (S_ > 1) {
-    const auto t0 = Clock::now();
-    shard_group_->allreduce(&ss, &ss, 1, DType::kF64, ReduceOp::kSum);
-    comm_wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
-  }
+    ss += train::sum_of_squares(own_grad(u), adam_[u]->end() - adam_[u]->begin());
+  if (opt_.zero > 0 && S_ > 1)
+    timed([&] { shard_group_->allreduce(&ss, &ss, 1, DType::kF64, ReduceOp::kSum); });
   return std::sqrt(ss);
 }
 
@@ -358,8 +356,7 @@ void DataParallel::optimizer_step(float grad_scale, double lr, const train::Trai
   const int nu = static_cast<int>(units_.size());
   for (int u = 0; u < nu; ++u) release_gathered(u);  // stage 3: gathered copies go stale
   for (int u = 0; u < nu; ++u) {
-    const Unit& x = units_[u];
-    if ((opt_.zero == 0 ? x.n() : x.own_end - x.own_begin) == 0) continue;
+    if (adam_[u]->end() == adam_[u]->begin()) continue;
     adam_[u]->step(own_param(u), own_grad(u), grad_scale, lr, c, t);
   }
   if ((opt_.zero == 1 || opt_.zero == 2) && S_ > 1) {
@@ -454,9 +451,7 @@ void DataParallel::grads_ready(int u) {
 
 std::vector<double> DataParallel::allreduce_sum(std::vector<double> v) {
   if (!world_ || world_->size() == 1) return v;
-  const auto t0 = Clock::now();
-  world_->allreduce(v.data(), v.data(), v.size(), DType::kF64, ReduceOp::kSum);
-  comm_wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  timed([&] { world_->allreduce(v.data(), v.data(), v.size(), DType::kF64, ReduceOp::kSum); });
   return v;
 }
 

@@ -23,7 +23,7 @@
 // (gradients reduce-scattered inside the machine, then allreduced across machines).
 //
 // Every buffer of model state is a StateVector, so StateMemory's high-water mark is the
-// model-state memory ZeRO's formulas predict (docs/algorithms.md "ZeRO memory").
+// model-state memory ZeRO's formulas predict (docs/algorithms.md "Data parallel and ZeRO").
 #pragma once
 
 #include <cstdint>
@@ -107,7 +107,9 @@ class DataParallel : public model::UnitHooks {
   void launch_reduction(int u);
   void retire(Pending& p);
   void retire_done(size_t max_in_flight);
-  void wait(const comm::WorkPtr& w);
+  void wait(const comm::WorkPtr& w);  // timed as communication when it blocks
+  template <typename Fn>
+  void timed(Fn fn);         // runs fn, adding its duration to comm_wait_s_
   float* own_grad(int u);    // this rank's reduced gradient shard of unit u
   float* own_param(int u);   // this rank's parameter shard of unit u
   float* full_param(int u);  // stage 0-2: the unit's full parameters

@@ -78,8 +78,8 @@ class Trainer {
  private:
   void open_data();
   void check_run_dir();
-  void check_checkpoint();
-  int64_t restore();  // returns the first step to run
+  void open_checkpoint();  // the newest checkpoint, checked against the config
+  int64_t restore();       // returns the first step to run
   float train_step(int64_t step, double lr, double* grad_norm, bool* stop);
   double evaluate();
   void save(int64_t next_step);
@@ -95,6 +95,7 @@ class Trainer {
   bool all_ranks_log_ = false;
   std::unique_ptr<parallel::DataParallel> dp_;
   std::optional<data::TokenDataset> train_data_, val_data_;
+  std::optional<ckpt::Reader> checkpoint_;  // the one to resume from, if any
   std::optional<data::Loader> loader_, val_loader_;
   std::vector<int32_t> x_, y_;
   std::unique_ptr<TensorBoardWriter> tb_;
@@ -130,10 +131,10 @@ void Trainer::check_run_dir() {
                     "continue it with --resume, or pick a new run.dir (nothing was changed)");
 }
 
-void Trainer::check_checkpoint() {
+void Trainer::open_checkpoint() {
   const std::string dir = ckpt::latest(cfg_.run_dir + "/ckpt");
   if (dir.empty()) return;
-  ckpt::Reader r(dir);
+  const ckpt::Reader& r = checkpoint_.emplace(dir);
   if (r.meta()["model"] != model_cfg_.to_json())
     throw UserError("checkpoint " + dir + " is of model " + r.meta()["model"].dump() +
                         ", the config asks for " + model_cfg_.to_json().dump(),
@@ -141,19 +142,18 @@ void Trainer::check_checkpoint() {
 }
 
 int64_t Trainer::restore() {
-  const std::string dir = ckpt::latest(cfg_.run_dir + "/ckpt");
-  if (dir.empty()) {
+  if (!checkpoint_) {
     if (opt_.resume && chatty())
       std::printf("loom: no checkpoint in %s/ckpt yet; starting from step 0\n",
                   cfg_.run_dir.c_str());
     dp_->init_weights(static_cast<uint64_t>(cfg_.seed));
     return 0;
   }
-  ckpt::Reader r(dir);
-  dp_->load(r);
-  const int64_t step = r.meta()["next_step"];
+  dp_->load(*checkpoint_);
+  const int64_t step = checkpoint_->meta()["next_step"];
   if (chatty())
-    std::printf("loom: resumed from %s (step %lld)\n", dir.c_str(), static_cast<long long>(step));
+    std::printf("loom: resumed from %s (step %lld)\n", checkpoint_->dir().c_str(),
+                static_cast<long long>(step));
   return step;
 }
 
@@ -289,7 +289,7 @@ int Trainer::run() {
   model_.set_recompute_every(cfg_.recompute_every());
   open_data();
   check_run_dir();
-  check_checkpoint();
+  open_checkpoint();
 
   std::shared_ptr<comm::Communicator> world;
   if (world_ > 1) world = comm::init_from_env();
