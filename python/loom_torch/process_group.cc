@@ -137,6 +137,11 @@ class LoomWork : public c10d::Work {
   void add(WorkPtr w) { works_.push_back(std::move(w)); }
   void keep(at::Tensor t) { keep_.push_back(std::move(t)); }
   void then(std::function<void()> post) { post_ = std::move(post); }
+  // After the op: write the contiguous staging copy back into the caller's tensor (no-op
+  // when the op ran on the tensor itself).
+  void copy_back(at::Tensor dst, at::Tensor staged) {
+    if (!staged.is_same(dst)) then([dst, staged]() mutable { dst.copy_(staged); });
+  }
 
   // Called once every operation is queued. Operations of one communicator finish in order,
   // so the last one's completion is the whole Work's.
@@ -242,19 +247,23 @@ loom::comm::OpOptions ProcessGroupLoom::op_options(std::chrono::milliseconds tim
   return o;
 }
 
+void ProcessGroupLoom::check_root(int64_t root, const char* op) const {
+  TORCH_CHECK(root >= 0 && root < size_, "loom: ", op, ": root ", root,
+              " is not a rank of this group of ", size_);
+}
+
 // ---- collectives ----
 
 ProcessGroupLoom::Work ProcessGroupLoom::broadcast(Tensors& tensors,
                                                    const c10d::BroadcastOptions& opts) {
   const at::Tensor& t = single(tensors, "broadcast");
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, "loom: broadcast: root ", opts.rootRank,
-              " is not a rank of this group of ", size_);
+  check_root(opts.rootRank, "broadcast");
   auto w = make_work(c10d::OpType::BROADCAST, tensors);
   at::Tensor c = contig(t);
   w->keep(c);
   w->add(comm_->broadcast_async(ptr(c), count_of(c), dtype_of(t, "broadcast"),
                                 static_cast<int>(opts.rootRank), op_options(opts.timeout)));
-  if (!c.is_same(t)) w->then([t, c]() mutable { t.copy_(c); });
+  w->copy_back(t, c);
   w->start();
   return w;
 }
@@ -267,7 +276,7 @@ ProcessGroupLoom::Work ProcessGroupLoom::allreduce(Tensors& tensors,
   w->keep(c);
   w->add(comm_->allreduce_async(ptr(c), ptr(c), count_of(c), dtype_of(t, "allreduce"),
                                 reduce_of(opts.reduceOp, "allreduce"), op_options(opts.timeout)));
-  if (!c.is_same(t)) w->then([t, c]() mutable { t.copy_(c); });
+  w->copy_back(t, c);
   w->start();
   return w;
 }
@@ -297,8 +306,7 @@ ProcessGroupLoom::Work ProcessGroupLoom::allreduce_coalesced(
 
 ProcessGroupLoom::Work ProcessGroupLoom::reduce(Tensors& tensors, const c10d::ReduceOptions& opts) {
   const at::Tensor& t = single(tensors, "reduce");
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, "loom: reduce: root ", opts.rootRank,
-              " is not a rank of this group of ", size_);
+  check_root(opts.rootRank, "reduce");
   const bool root = opts.rootRank == rank_;
   auto w = make_work(c10d::OpType::REDUCE, tensors);
   at::Tensor c = contig(t);
@@ -308,7 +316,7 @@ ProcessGroupLoom::Work ProcessGroupLoom::reduce(Tensors& tensors, const c10d::Re
   w->add(comm_->reduce_async(ptr(c), ptr(out), count_of(c), dtype_of(t, "reduce"),
                              reduce_of(opts.reduceOp, "reduce"), static_cast<int>(opts.rootRank),
                              op_options(opts.timeout)));
-  if (root && !c.is_same(t)) w->then([t, c]() mutable { t.copy_(c); });
+  if (root) w->copy_back(t, c);
   w->start();
   return w;
 }
@@ -352,7 +360,7 @@ ProcessGroupLoom::Work ProcessGroupLoom::_allgather_base(at::Tensor& output, at:
   w->add(comm_->allgather_async(ptr(c), ptr(o), count_of(c),
                                 dtype_of(input, "all_gather_into_tensor"),
                                 op_options(opts.timeout)));
-  if (!o.is_same(output)) w->then([output, o]() mutable { output.copy_(o); });
+  w->copy_back(output, o);
   w->start();
   return w;
 }
@@ -398,8 +406,7 @@ ProcessGroupLoom::Work ProcessGroupLoom::allgather_coalesced(std::vector<Tensors
 ProcessGroupLoom::Work ProcessGroupLoom::gather(std::vector<Tensors>& outputs, Tensors& inputs,
                                                 const c10d::GatherOptions& opts) {
   const at::Tensor& in = single(inputs, "gather");
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, "loom: gather: root ", opts.rootRank,
-              " is not a rank of this group of ", size_);
+  check_root(opts.rootRank, "gather");
   const bool root = opts.rootRank == rank_;
   if (root) {
     TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
@@ -434,8 +441,7 @@ ProcessGroupLoom::Work ProcessGroupLoom::gather(std::vector<Tensors>& outputs, T
 ProcessGroupLoom::Work ProcessGroupLoom::scatter(Tensors& outputs, std::vector<Tensors>& inputs,
                                                  const c10d::ScatterOptions& opts) {
   const at::Tensor& out = single(outputs, "scatter");
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, "loom: scatter: root ", opts.rootRank,
-              " is not a rank of this group of ", size_);
+  check_root(opts.rootRank, "scatter");
   const bool root = opts.rootRank == rank_;
   at::Tensor flat;
   if (root) {
@@ -456,7 +462,7 @@ ProcessGroupLoom::Work ProcessGroupLoom::scatter(Tensors& outputs, std::vector<T
   w->add(comm_->scatter_async(root ? ptr(flat) : nullptr, ptr(o), count_of(o),
                               dtype_of(out, "scatter"), static_cast<int>(opts.rootRank),
                               op_options(opts.timeout)));
-  if (!o.is_same(out)) w->then([out, o]() mutable { out.copy_(o); });
+  w->copy_back(out, o);
   w->start();
   return w;
 }
@@ -482,7 +488,7 @@ ProcessGroupLoom::Work ProcessGroupLoom::reduce_scatter(Tensors& outputs,
   w->add(comm_->reduce_scatter_async(
       ptr(flat), ptr(o), count_of(o), dtype_of(out, "reduce_scatter"),
       reduce_of(opts.reduceOp, "reduce_scatter"), op_options(opts.timeout)));
-  if (!o.is_same(out)) w->then([out, o]() mutable { out.copy_(o); });
+  w->copy_back(out, o);
   w->start();
   return w;
 }
@@ -500,7 +506,7 @@ ProcessGroupLoom::Work ProcessGroupLoom::_reduce_scatter_base(
   w->add(comm_->reduce_scatter_async(
       ptr(c), ptr(o), count_of(o), dtype_of(output, "reduce_scatter_tensor"),
       reduce_of(opts.reduceOp, "reduce_scatter_tensor"), op_options(opts.timeout)));
-  if (!o.is_same(output)) w->then([output, o]() mutable { output.copy_(o); });
+  w->copy_back(output, o);
   w->start();
   return w;
 }
@@ -548,7 +554,7 @@ ProcessGroupLoom::Work ProcessGroupLoom::alltoall_base(at::Tensor& output, at::T
     w->keep(o);
     w->add(comm_->alltoall_async(ptr(c), ptr(o), count_of(c) / size_,
                                  dtype_of(input, "all_to_all_single"), op_options(opts.timeout)));
-    if (!o.is_same(output)) w->then([output, o]() mutable { output.copy_(o); });
+    w->copy_back(output, o);
     w->start();
     return w;
   }
@@ -617,7 +623,7 @@ ProcessGroupLoom::Work ProcessGroupLoom::recv(Tensors& tensors, int src, int /*t
   w->set_source(src);
   w->keep(c);
   w->add(comm_->recv_async(ptr(c), count_of(c), dtype_of(t, "recv"), src, op_options(timeout_)));
-  if (!c.is_same(t)) w->then([t, c]() mutable { t.copy_(c); });
+  w->copy_back(t, c);
   w->start();
   return w;
 }

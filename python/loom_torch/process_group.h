@@ -74,6 +74,7 @@ class ProcessGroupLoom : public LOOM_TORCH_BASE {
 
  private:
   loom::comm::OpOptions op_options(std::chrono::milliseconds timeout) const;
+  void check_root(int64_t root, const char* op) const;  // a rank of this group
   // Exchanges blocks of different sizes as one alltoall of blocks padded to the largest
   // (loom has no alltoallv): in[i] goes to rank i, out[i] comes from rank i.
   Work alltoall_padded(c10d::OpType type, std::vector<at::Tensor> in, std::vector<at::Tensor> out,
