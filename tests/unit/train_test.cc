@@ -10,7 +10,6 @@
 #include "loom/ckpt/checkpoint.h"
 #include "loom/core/error.h"
 #include "loom/train/config.h"
-#include "loom/train/optimizer.h"
 #include "loom/train/tensorboard.h"
 
 namespace loom {
@@ -120,11 +119,12 @@ TEST(Config, BatchArithmetic) {
 TEST(Schedule, WarmupThenCosineToTheFloor) {
   TrainConfig c;
   c.steps = 110, c.warmup_steps = 10, c.min_lr_ratio = 0.1;
-  EXPECT_DOUBLE_EQ(train::learning_rate(c, 1.0, 0), 0.1);
-  EXPECT_DOUBLE_EQ(train::learning_rate(c, 1.0, 9), 1.0);
-  EXPECT_DOUBLE_EQ(train::learning_rate(c, 1.0, 10), 1.0);
-  EXPECT_NEAR(train::learning_rate(c, 1.0, 60), 0.55, 1e-12);
-  EXPECT_NEAR(train::learning_rate(c, 1.0, 110), 0.1, 1e-12);
+  const optim::LrSchedule s = c.schedule(1.0);
+  EXPECT_DOUBLE_EQ(s.at(0), 0.1);
+  EXPECT_DOUBLE_EQ(s.at(9), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(10), 1.0);
+  EXPECT_NEAR(s.at(60), 0.55, 1e-12);
+  EXPECT_NEAR(s.at(110), 0.1, 1e-12);
 }
 
 TEST(TensorBoard, Crc32cKnownAnswer) {
@@ -140,8 +140,8 @@ TEST(Checkpoint, ShardedSaveReadsBackAnyRange) {
   auto rank = [&](int r) {
     ckpt::SaveOptions o{root, 5, r, 2, 2, [&] { sync.arrive_and_wait(); }};
     std::vector<ckpt::Piece> pieces = {
-        {"param/w", {10, 100}, r * 500, 500, full.data() + r * 500},
-        {"adam_m/w", {10, 100}, r * 500, 500, full.data() + r * 500}};
+        {"param/w", {10, 100}, {{}, {}, r * 500, 500}, full.data() + r * 500},
+        {"adam_m/w", {10, 100}, {{}, {}, r * 500, 500}, full.data() + r * 500}};
     ckpt::save(o, pieces, {{"next_step", 5}});
   };
   std::thread t0(rank, 0), t1(rank, 1);
@@ -176,7 +176,7 @@ TEST(Checkpoint, InterruptedSaveLeavesThePreviousOneAndKeepPrunes) {
   for (int step : {1, 2, 3}) {
     ckpt::SaveOptions o;
     o.root = root, o.step = step, o.keep = 2;
-    ckpt::save(o, {{"param/x", {10}, 0, 10, x.data()}}, {{"next_step", step}});
+    ckpt::save(o, {{"param/x", {10}, {{}, {}, 0, 10}, x.data()}}, {{"next_step", step}});
   }
   EXPECT_FALSE(fs::exists(root + "/step_00000001"));  // pruned: keep = 2
   // A save that died half-way: a staging folder without a manifest.

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "loom/core/check.h"
@@ -21,7 +22,8 @@ namespace loom::ckpt {
 namespace fs = std::filesystem;
 
 namespace {
-constexpr int kFormatVersion = 1;
+// 2: pieces are regions of boxes (tensor parallelism); qkvw is (3,C,C). 1 is still read.
+constexpr int kFormatVersion = 2;
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -59,15 +61,18 @@ void write_rank(const std::string& dir, int rank, const std::vector<Piece>& piec
   uint64_t offset = 0;
   try {
     for (const Piece& p : pieces) {
-      const size_t bytes = static_cast<size_t>(p.count) * sizeof(float);
+      const size_t bytes = static_cast<size_t>(p.region.count) * sizeof(float);
       write_all(fd, p.data, bytes, path);
-      index.push_back({{"tensor", p.tensor},
-                       {"shape", p.shape},
-                       {"file", data},
-                       {"offset", offset},
-                       {"begin", p.begin},
-                       {"count", p.count},
-                       {"checksum", checksum64(p.data, bytes)}});
+      nlohmann::json j = {{"tensor", p.tensor},
+                          {"shape", p.shape},
+                          {"file", data},
+                          {"offset", offset},
+                          {"begin", p.region.begin},
+                          {"count", p.region.count},
+                          {"checksum", checksum64(p.data, bytes)}};
+      if (!p.region.start.empty() && p.region.extent != p.shape)
+        j["start"] = p.region.start, j["extent"] = p.region.extent;
+      index.push_back(std::move(j));
       offset += bytes;
     }
     if (::fsync(fd) != 0) throw io_error("fsync", path);
@@ -77,6 +82,45 @@ void write_rank(const std::string& dir, int rank, const std::vector<Piece>& piec
   }
   ::close(fd);
   write_file_atomic(dir + "/" + rank_name("index", rank, "json"), index.dump());
+}
+
+Shape json_shape(const nlohmann::json& j, const char* key, const Shape& fallback) {
+  return j.contains(key) ? j[key].get<Shape>() : fallback;
+}
+
+// The pieces of a tensor tile it exactly: the distinct boxes are disjoint and cover the
+// tensor, and the ranges within each box tile the box. (A broken invariant of the writers,
+// so a check, not a user error.)
+void check_tiling(const std::string& name, nlohmann::json& t) {
+  const Shape shape = t["shape"].get<Shape>();
+  std::map<std::pair<Shape, Shape>, std::vector<std::pair<int64_t, int64_t>>> boxes;
+  for (const auto& p : t["pieces"])
+    boxes[{json_shape(p, "start", Shape(shape.size(), 0)), json_shape(p, "extent", shape)}]
+        .push_back({p["begin"], p["count"]});
+  int64_t covered = 0;
+  for (auto& [box, ranges] : boxes) {
+    const auto& [start, extent] = box;
+    for (size_t d = 0; d < shape.size(); ++d)
+      LOOM_CHECK_MSG(start[d] >= 0 && extent[d] >= 0 && start[d] + extent[d] <= shape[d],
+                     "a piece of " + name + " lies outside the tensor");
+    std::sort(ranges.begin(), ranges.end());
+    int64_t at = 0;
+    for (const auto& [begin, count] : ranges) {
+      LOOM_CHECK_MSG(begin == at, "pieces of " + name + " do not tile a box of it");
+      at += count;
+    }
+    LOOM_CHECK_MSG(at == numel(extent), "pieces of " + name + " do not cover a box of it");
+    covered += at;
+    for (const auto& [other, unused] : boxes) {
+      if (other <= box) continue;
+      bool overlap = true;
+      for (size_t d = 0; d < shape.size(); ++d)
+        overlap = overlap && std::max(start[d], other.first[d]) <
+                                 std::min(start[d] + extent[d], other.first[d] + other.second[d]);
+      LOOM_CHECK_MSG(!overlap, "pieces of " + name + " overlap");
+    }
+  }
+  LOOM_CHECK_MSG(covered == numel(shape), "pieces of " + name + " do not cover it");
 }
 
 // Rank 0: the per-rank indexes become one manifest whose pieces tile every tensor.
@@ -90,26 +134,13 @@ nlohmann::json merge(const std::string& dir, int world, const nlohmann::json& me
         t = {{"shape", p["shape"]}, {"dtype", "f32"}, {"pieces", nlohmann::json::array()}};
       LOOM_CHECK_MSG(t["shape"] == p["shape"],
                      "ranks disagree on the shape of " + p["tensor"].get<std::string>());
-      t["pieces"].push_back({{"file", p["file"]},
-                             {"offset", p["offset"]},
-                             {"begin", p["begin"]},
-                             {"count", p["count"]},
-                             {"checksum", p["checksum"]}});
+      nlohmann::json piece = p;
+      piece.erase("tensor"), piece.erase("shape");
+      t["pieces"].push_back(std::move(piece));
     }
     fs::remove(ipath);
   }
-  for (auto& [name, t] : tensors.items()) {
-    auto& pieces = t["pieces"];
-    std::sort(pieces.begin(), pieces.end(),
-              [](const auto& a, const auto& b) { return a["begin"] < b["begin"]; });
-    int64_t numel = 1, at = 0;
-    for (const auto& d : t["shape"]) numel *= d.get<int64_t>();
-    for (const auto& p : pieces) {
-      LOOM_CHECK_MSG(p["begin"].get<int64_t>() == at, "pieces of " + name + " do not tile it");
-      at += p["count"].get<int64_t>();
-    }
-    LOOM_CHECK_MSG(at == numel, "pieces of " + name + " do not cover it");
-  }
+  for (auto& [name, t] : tensors.items()) check_tiling(name, t);
   return {{"format", "loom-checkpoint"},
           {"version", kFormatVersion},
           {"step", step},
@@ -193,8 +224,8 @@ Reader::Reader(const std::string& dir) : dir_(dir) {
     throw UserError("checkpoint manifest " + path + " is not valid JSON: " + e.what(),
                     "the checkpoint is damaged; use an older one");
   }
-  if (manifest_.value("format", "") != "loom-checkpoint" ||
-      manifest_.value("version", 0) != kFormatVersion)
+  const int version = manifest_.value("version", 0);
+  if (manifest_.value("format", "") != "loom-checkpoint" || version < 1 || version > kFormatVersion)
     throw UserError(
         path + " is not a loom checkpoint of format version " + std::to_string(kFormatVersion),
         "it was written by another program or another loom version");
@@ -204,35 +235,92 @@ bool Reader::has(const std::string& tensor) const {
   return manifest_["tensors"].contains(tensor);
 }
 
-std::vector<int64_t> Reader::shape(const std::string& tensor) const {
+Shape Reader::shape(const std::string& tensor) const {
   if (!has(tensor))
     throw UserError("checkpoint " + dir_ + " has no tensor '" + tensor + "'",
                     "was it written for another model config?");
-  return manifest_["tensors"][tensor]["shape"].get<std::vector<int64_t>>();
+  return manifest_["tensors"][tensor]["shape"].get<Shape>();
+}
+
+// Piece i of tensor, read whole and checksummed.
+std::vector<float> Reader::piece_data(const std::string& tensor, size_t i) const {
+  const auto& p = manifest_["tensors"][tensor]["pieces"][i];
+  const std::string path = dir_ + "/" + p["file"].get<std::string>();
+  std::vector<float> buf(p["count"].get<size_t>());
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw io_error("open", path);
+  const size_t bytes = buf.size() * sizeof(float);
+  const ssize_t got = ::pread(fd, buf.data(), bytes, p["offset"].get<off_t>());
+  ::close(fd);
+  if (got != static_cast<ssize_t>(bytes))
+    throw UserError("checkpoint file " + path + " is truncated (tensor " + tensor + ")",
+                    "the checkpoint is damaged; use an older one");
+  if (checksum64(buf.data(), bytes) != p["checksum"].get<uint64_t>())
+    throw UserError("checkpoint file " + path + " fails its checksum (tensor " + tensor + ")",
+                    "the checkpoint is damaged; use an older one");
+  return buf;
 }
 
 void Reader::read(const std::string& tensor, int64_t begin, int64_t count, float* out) const {
-  shape(tensor);  // throws if absent
-  std::vector<float> buf;
-  for (const auto& p : manifest_["tensors"][tensor]["pieces"]) {
-    const int64_t pb = p["begin"], pc = p["count"];
-    const int64_t lo = std::max(begin, pb), hi = std::min(begin + count, pb + pc);
-    if (lo >= hi) continue;
-    const std::string path = dir_ + "/" + p["file"].get<std::string>();
-    int fd = ::open(path.c_str(), O_RDONLY);
-    if (fd < 0) throw io_error("open", path);
-    buf.resize(static_cast<size_t>(pc));
-    const size_t bytes = buf.size() * sizeof(float);
-    const ssize_t got = ::pread(fd, buf.data(), bytes, p["offset"].get<off_t>());
-    ::close(fd);
-    if (got != static_cast<ssize_t>(bytes))
-      throw UserError("checkpoint file " + path + " is truncated (tensor " + tensor + ")",
-                      "the checkpoint is damaged; use an older one");
-    if (checksum64(buf.data(), bytes) != p["checksum"].get<uint64_t>())
-      throw UserError("checkpoint file " + path + " fails its checksum (tensor " + tensor + ")",
-                      "the checkpoint is damaged; use an older one");
-    std::copy(buf.begin() + (lo - pb), buf.begin() + (hi - pb), out + (lo - begin));
+  read(tensor, shape(tensor), Region{{}, {}, begin, count}, out);
+}
+
+// Every piece whose elements may meet the region's (their flat index spans overlap) is
+// loaded; the elements of the intersection of the two boxes are visited in runs that are
+// contiguous in the tensor and in both boxes, and each run's part that lies in both element
+// ranges is copied.
+void Reader::read(const std::string& tensor, const Shape& want_shape, const Region& q,
+                  float* out) const {
+  const Shape stored = shape(tensor);  // throws if absent
+  if (numel(stored) != numel(want_shape))
+    throw UserError("checkpoint tensor " + tensor + " has " + std::to_string(numel(stored)) +
+                        " elements, the model's has " + std::to_string(numel(want_shape)),
+                    "was it written for another model config?");
+  const bool same_shape = stored == want_shape;
+  const Shape& shape = want_shape;
+  const Shape q_start = q.start.empty() ? Shape(shape.size(), 0) : q.start;
+  const Shape q_extent = q.extent.empty() ? shape : q.extent;
+  auto flat_of = [&](const Shape& st, const Shape& ex, int64_t pos) {
+    return box_flat_index(shape, st, ex, pos);
+  };
+  const int64_t q_lo = flat_of(q_start, q_extent, q.begin);
+  const int64_t q_hi = flat_of(q_start, q_extent, q.begin + q.count - 1);
+  const auto& pieces = manifest_["tensors"][tensor]["pieces"];
+  int64_t copied = 0;
+  for (size_t i = 0; i < pieces.size() && q.count > 0; ++i) {
+    const auto& pj = pieces[i];
+    const bool whole = !pj.contains("start");
+    if (!whole && !same_shape)
+      throw UserError("checkpoint tensor " + tensor + " is stored with another shape",
+                      "was it written for another model config?");
+    const Shape p_start = whole ? Shape(shape.size(), 0) : pj["start"].get<Shape>();
+    const Shape p_extent = whole ? shape : pj["extent"].get<Shape>();
+    const int64_t p_begin = pj["begin"], p_count = pj["count"];
+    if (p_count == 0 || flat_of(p_start, p_extent, p_begin + p_count - 1) < q_lo ||
+        flat_of(p_start, p_extent, p_begin) > q_hi)
+      continue;
+    Shape i_start(shape.size()), i_extent(shape.size());
+    bool empty = false;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      i_start[d] = std::max(p_start[d], q_start[d]);
+      i_extent[d] = std::min(p_start[d] + p_extent[d], q_start[d] + q_extent[d]) - i_start[d];
+      empty = empty || i_extent[d] <= 0;
+    }
+    if (empty) continue;
+    const std::vector<float> data = piece_data(tensor, i);
+    for_each_box_run(
+        shape, i_start, i_extent, 0, numel(i_extent), [&](int64_t, int64_t flat, int64_t len) {
+          const int64_t pp = box_position(shape, p_start, p_extent, flat);
+          const int64_t qp = box_position(shape, q_start, q_extent, flat);
+          const int64_t lo = std::max({int64_t{0}, p_begin - pp, q.begin - qp});
+          const int64_t hi = std::min({len, p_begin + p_count - pp, q.begin + q.count - qp});
+          if (lo >= hi) return;
+          std::copy(data.begin() + (pp + lo - p_begin), data.begin() + (pp + hi - p_begin),
+                    out + (qp + lo - q.begin));
+          copied += hi - lo;
+        });
   }
+  LOOM_CHECK_MSG(copied == q.count, "checkpoint pieces of " + tensor + " do not cover the read");
 }
 
 }  // namespace loom::ckpt

@@ -2,10 +2,12 @@
 //
 // A checkpoint is a folder <root>/step_NNNNNNNN holding data-RRRRR.bin (one per writing
 // rank: raw little-endian float32 pieces back to back) and manifest.json, which names every
-// tensor by its logical name with its global shape and lists the pieces that tile it
-// (file, byte offset, first element, element count, checksum64). Nothing in it depends on
-// how many ranks wrote it or how the tensors were sharded, so any layout can read any
-// range of any tensor back.
+// tensor by its logical name with its global shape and lists the pieces that tile it. A
+// piece is a region: a box of the tensor (an N-dimensional slice: start and extent per
+// dimension — a tensor-parallel shard) and a range of that box's elements in its row-major
+// order (a ZeRO shard of it); with file, byte offset and checksum64. Nothing in it depends
+// on how many ranks wrote it or how the tensors were split or sharded, so any layout can read
+// any region of any tensor back.
 //
 // Saving is collective when world > 1: every rank writes its pieces into the staging
 // folder <root>/.step_NNNNNNNN.tmp, a barrier, rank 0 merges the per-rank indexes into the
@@ -20,14 +22,23 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/box.h"
+
 namespace loom::ckpt {
 
+// Elements [begin, begin + count) of the box (start, extent) of a tensor, in the box's
+// row-major order. An empty start/extent is the whole tensor (begin/count then index the
+// flattened tensor).
+struct Region {
+  Shape start, extent;
+  int64_t begin = 0, count = 0;
+};
+
 struct Piece {
-  std::string tensor;          // logical name, e.g. "param/h3.qkvw"
-  std::vector<int64_t> shape;  // the whole tensor's shape
-  int64_t begin = 0;           // first element of this piece in the flattened tensor
-  int64_t count = 0;
-  const float* data = nullptr;
+  std::string tensor;  // logical name, e.g. "param/h3.qkvw"
+  Shape shape;         // the whole tensor's shape
+  Region region;
+  const float* data = nullptr;  // region.count floats
 };
 
 struct SaveOptions {
@@ -54,12 +65,19 @@ class Reader {
   const std::string& dir() const { return dir_; }
   const nlohmann::json& meta() const { return manifest_["meta"]; }
   bool has(const std::string& tensor) const;
-  std::vector<int64_t> shape(const std::string& tensor) const;
-  // Elements [begin, begin + count) of the flattened tensor; verifies the checksum of every
-  // piece it touches and throws UserError naming the file on a mismatch or a short read.
+  Shape shape(const std::string& tensor) const;
+  // The region of tensor (whole shape `shape`) into out (region.count floats). Verifies the
+  // checksum of every piece it touches and throws UserError naming the file on a mismatch
+  // or a short read, and the tensor when its shape differs from `shape`. (A checkpoint of
+  // format 1 stored qkvw as (3C,C): whole-tensor pieces are read by flat index whatever
+  // the shape, as long as the element counts agree.)
+  void read(const std::string& tensor, const Shape& shape, const Region& region, float* out) const;
+  // Elements [begin, begin + count) of the flattened tensor.
   void read(const std::string& tensor, int64_t begin, int64_t count, float* out) const;
 
  private:
+  std::vector<float> piece_data(const std::string& tensor, size_t i) const;
+
   std::string dir_;
   nlohmann::json manifest_;
 };

@@ -1,11 +1,13 @@
 #include "loom/model/gpt.h"
 
 #include <cmath>
-#include <random>
 
 #include "loom/core/check.h"
+#include "loom/core/checksum.h"
 #include "loom/core/error.h"
+#include "loom/core/random.h"
 #include "loom/kernels/cpu/kernels.h"
+#include "loom/model/vocab_parallel_loss.h"
 
 namespace loom::model {
 namespace k = kernels::cpu;
@@ -90,28 +92,54 @@ GptConfig GptConfig::from_json(const nlohmann::json& j) {
   return c;
 }
 
+void GptConfig::validate_split(int t) const {
+  if (t < 1) throw UserError("train.tp = " + std::to_string(t) + " is invalid", "use 1 or more");
+  if (n_head % t != 0)
+    throw UserError("train.tp = " + std::to_string(t) + " does not divide the " +
+                        std::to_string(n_head) + " attention heads of " + name,
+                    "pick a tensor-parallel size that divides the head count");
+  if (padded_vocab_size % t != 0)
+    throw UserError("train.tp = " + std::to_string(t) + " does not divide the padded vocabulary (" +
+                        std::to_string(padded_vocab_size) + ") of " + name,
+                    "pick a tensor-parallel size that divides it");
+}
+
 double GptConfig::flops_per_token(int T) const {
   const double C = n_embd, L = n_layer;
   const double matrix_params = vocab_size * C + L * (12 * C * C + 13 * C) + 2 * C;
   return 6 * matrix_params + 12 * L * C * T;
 }
 
-Gpt::Gpt(GptConfig cfg, bool own_storage) : cfg_(std::move(cfg)) {
+Gpt::Gpt(GptConfig cfg, bool own_storage, TensorSplit split) : cfg_(std::move(cfg)), split_(split) {
   cfg_.validate();
-  const int64_t C = cfg_.n_embd, L = cfg_.n_layer, Vp = cfg_.padded_vocab_size;
+  cfg_.validate_split(split_.size);
+  LOOM_CHECK(split_.rank >= 0 && split_.rank < split_.size);
+  tp_ = split_.size;
+  sp_ = split_.sequence_parallel && tp_ > 1;
+  const int64_t C = cfg_.n_embd, L = cfg_.n_layer, Vp = cfg_.padded_vocab_size, t = tp_;
+  Cl_ = static_cast<int>(C / t), NHl_ = cfg_.n_head / tp_, Vl_ = static_cast<int>(Vp / t);
+  vocab_begin_ = split_.rank * Vl_;
+  vocab_valid_ = std::clamp(cfg_.vocab_size - vocab_begin_, 0, Vl_);
   size_t at = 0;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, int unit, bool decay) {
-    size_t n = 1;
-    for (int64_t d : shape) n *= static_cast<size_t>(d);
-    tensors_.push_back({name, std::move(shape), at, n, unit, decay});
+  // A tensor of the whole shape `shape`, split along `dim` (-1: replicated) into t parts.
+  auto add = [&](const std::string& name, Shape shape, int dim, int unit, bool decay) {
+    Shape start(shape.size(), 0), extent = shape;
+    if (dim >= 0) {
+      extent[dim] = shape[dim] / t;
+      start[dim] = split_.rank * extent[dim];
+    }
+    const size_t n = static_cast<size_t>(numel(extent));
+    tensors_.push_back(
+        {name, std::move(shape), std::move(start), std::move(extent), at, n, unit, decay, dim < 0});
     at += n;
   };
   units_.push_back({at, 0});
-  add("wte", {Vp, C}, 0, true);
-  add("wpe", {cfg_.block_size, C}, 0, true);
+  add("wte", {Vp, C}, 0, 0, true);
+  add("wpe", {cfg_.block_size, C}, -1, 0, true);
   units_[0].second = at;
-  const std::vector<int64_t> shapes[kCount] = {{C}, {C}, {3 * C, C}, {3 * C}, {C, C},     {C},
-                                               {C}, {C}, {4 * C, C}, {4 * C}, {C, 4 * C}, {C}};
+  const Shape shapes[kCount] = {{C}, {C}, {3, C, C},  {3, C},  {C, C},     {C},
+                                {C}, {C}, {4 * C, C}, {4 * C}, {C, 4 * C}, {C}};
+  const int split_dim[kCount] = {-1, -1, 1, 1, 1, -1, -1, -1, 0, 0, 1, -1};
   const char* names[kCount] = {"ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
                                "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw",  "fcprojb"};
   const bool decay[kCount] = {false, false, true, false, true, false,
@@ -120,13 +148,14 @@ Gpt::Gpt(GptConfig cfg, bool own_storage) : cfg_(std::move(cfg)) {
     units_.push_back({at, 0});
     for (int i = 0; i < kCount; ++i) {
       if (l == 0) block_offsets_.push_back(at - units_.back().first);
-      add("h" + std::to_string(l) + "." + names[i], shapes[i], static_cast<int>(l) + 1, decay[i]);
+      add("h" + std::to_string(l) + "." + names[i], shapes[i], split_dim[i],
+          static_cast<int>(l) + 1, decay[i]);
     }
     units_.back().second = at;
   }
   units_.push_back({at, 0});
-  add("lnfw", {C}, static_cast<int>(L) + 1, false);
-  add("lnfb", {C}, static_cast<int>(L) + 1, false);
+  add("lnfw", {C}, -1, static_cast<int>(L) + 1, false);
+  add("lnfb", {C}, -1, static_cast<int>(L) + 1, false);
   units_.back().second = at;
   total_ = at;
   unit_params_.assign(units_.size(), nullptr);
@@ -146,32 +175,34 @@ void Gpt::bind_unit(int u, float* params, float* grads) {
 
 void Gpt::init(uint64_t seed) {
   LOOM_CHECK(!params_.empty());
-  for (int u = 0; u < num_units(); ++u) init_unit(seed, u, params_.data() + units_[u].first);
+  init_params(seed, 0, total_, params_.data());
 }
 
-void Gpt::init_unit(uint64_t seed, int u, float* out) const {
-  // One generator per unit, so a rank can initialise any unit alone (ZeRO-3 never holds
-  // the whole model) and get the values every other layout gets.
-  std::mt19937_64 rng(seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(u + 1));
+void Gpt::init_params(uint64_t seed, size_t begin, size_t end, float* out) const {
   const float std_proj = 0.02f / std::sqrt(2.0f * cfg_.n_layer);
-  const size_t base = units_[u].first;
+  const int64_t real_wte = static_cast<int64_t>(cfg_.vocab_size) * cfg_.n_embd;
   for (const Tensor& t : tensors_) {
-    if (t.unit != u) continue;
-    float* x = out + (t.offset - base);
-    bool is_ln_w = t.name.ends_with("ln1w") || t.name.ends_with("ln2w") || t.name == "lnfw";
-    if (is_ln_w) {
-      std::fill(x, x + t.size, 1.0f);
-    } else if (!t.decay) {
-      std::fill(x, x + t.size, 0.0f);
-    } else {
-      float sd = (t.name.ends_with("attprojw") || t.name.ends_with("fcprojw")) ? std_proj : 0.02f;
-      std::normal_distribution<float> d(0.0f, sd);
-      for (size_t i = 0; i < t.size; ++i) x[i] = d(rng);
+    const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.size);
+    if (lo >= hi) continue;
+    float* x = out + (lo - begin);
+    const bool is_ln_w = t.name.ends_with("ln1w") || t.name.ends_with("ln2w") || t.name == "lnfw";
+    if (is_ln_w || !t.decay) {
+      std::fill(x, x + (hi - lo), is_ln_w ? 1.0f : 0.0f);
+      continue;
     }
-  }
-  if (u == 0) {  // padded vocabulary rows never receive gradient; keep them at zero
-    const size_t C = cfg_.n_embd;
-    std::fill(out + cfg_.vocab_size * C, out + cfg_.padded_vocab_size * C, 0.0f);
+    const float sd =
+        (t.name.ends_with("attprojw") || t.name.ends_with("fcprojw")) ? std_proj : 0.02f;
+    const uint64_t key = mix64(seed ^ mix64(fnv1a64(t.name)));
+    // Padded vocabulary rows never receive gradient; they stay zero.
+    const int64_t limit = t.name == "wte" ? real_wte : numel(t.shape);
+    for_each_box_run(
+        t.shape, t.start, t.extent, static_cast<int64_t>(lo - t.offset),
+        static_cast<int64_t>(hi - lo), [&](int64_t pos, int64_t flat, int64_t len) {
+          float* o = x + (pos - static_cast<int64_t>(lo - t.offset));
+#pragma omp parallel for if (len > 65536)
+          for (int64_t i = 0; i < len; ++i)
+            o[i] = flat + i < limit ? sd * normal_at(key, static_cast<uint64_t>(flat + i)) : 0.0f;
+        });
   }
 }
 
@@ -183,30 +214,49 @@ void Gpt::zero_grad() {
 void Gpt::allocate(int B, int T) {
   if (B == B_ && T == T_) return;
   B_ = B, T_ = T;
-  const size_t L = cfg_.n_layer, C = cfg_.n_embd, NH = cfg_.n_head, Vp = cfg_.padded_vocab_size;
-  const size_t BT = static_cast<size_t>(B) * T, BTC = BT * C, att = B * NH * T * T;
+  N_ = B * T;
+  if (sp_ && N_ % tp_ != 0)
+    throw UserError("sequence parallelism splits the " + std::to_string(N_) +
+                        " token rows of a micro-batch (micro-batch x sequence length) " +
+                        std::to_string(tp_) + " ways, which does not divide",
+                    "make train.micro_batch x train.seq_len a multiple of train.tp");
+  R_ = sp_ ? N_ / tp_ : N_;
+  row_begin_ = sp_ ? split_.rank * R_ : 0;
+  const size_t L = cfg_.n_layer, C = cfg_.n_embd, N = N_, R = R_, Cl = Cl_;
+  const size_t att = static_cast<size_t>(B) * NHl_ * T * T;
   auto size_block = [&](BlockActs& a) {
-    for (auto* v : {&a.ln1, &a.atty, &a.res2, &a.ln2}) v->assign(BTC, 0);
-    for (auto* v : {&a.ln1_mean, &a.ln1_rstd, &a.ln2_mean, &a.ln2_rstd}) v->assign(BT, 0);
-    a.qkv.assign(3 * BTC, 0);
+    for (auto* v : {&a.ln1, &a.res2, &a.ln2}) v->assign(R * C, 0);
+    for (auto* v : {&a.ln1_mean, &a.ln1_rstd, &a.ln2_mean, &a.ln2_rstd}) v->assign(R, 0);
+    a.qkv.assign(3 * N * Cl, 0);
     a.att.assign(att, 0);
-    a.fch.assign(4 * BTC, 0);
-    a.fch_gelu.assign(4 * BTC, 0);
+    a.atty.assign(N * Cl, 0);
+    a.fch.assign(4 * N * Cl, 0);
+    a.fch_gelu.assign(4 * N * Cl, 0);
   };
-  resid_.assign(L + 1, std::vector<float>(BTC, 0));
+  resid_.assign(L + 1, std::vector<float>(R * C, 0));
   blocks_.assign(L, BlockActs{});
   for (size_t l = 0; l < L; ++l)
     if (!recomputed(static_cast<int>(l))) size_block(blocks_[l]);
   recompute_acts_ = BlockActs{};
   if (recompute_every_ > 0) size_block(recompute_acts_);
-  for (auto* v : {&attproj_, &fcproj_, &lnf_, &dx_, &d_ln1_, &d_atty_, &d_ln2_, &d_lnf_})
-    v->assign(BTC, 0);
-  for (auto* v : {&lnf_mean_, &lnf_rstd_, &losses_}) v->assign(BT, 0);
-  d_qkv_.assign(3 * BTC, 0);
+  for (auto* v : {&proj_, &d_ln1_, &d_ln2_, &d_lnf_}) v->assign(N * C, 0);
+  for (auto* v : {&lnf_, &dx_}) v->assign(R * C, 0);
+  for (auto* v : {&lnf_mean_, &lnf_rstd_}) v->assign(R, 0);
+  losses_.assign(N, 0);
+  d_qkv_.assign(3 * N * Cl, 0);
   d_att_.assign(att, 0);
-  d_fch_.assign(4 * BTC, 0);
-  d_fch_gelu_.assign(4 * BTC, 0);
-  logits_.assign(BT * Vp, 0);
+  d_atty_.assign(N * Cl, 0);
+  d_fch_.assign(4 * N * Cl, 0);
+  d_fch_gelu_.assign(4 * N * Cl, 0);
+  logits_.assign(N * Vl_, 0);
+  const size_t sp_rows = sp_ ? R * C : 0, sp_all = sp_ ? N * C : 0;
+  proj_rows_.assign(sp_rows, 0);
+  d_rows_.assign(sp_rows, 0);
+  gathered_.assign(sp_all, 0);
+  lnf_all_.assign(sp_all, 0);
+  d_all_.assign(sp_all, 0);
+  d_lnparams_.assign(sp_ ? 2 * C : 0, 0);
+  for (auto* v : {&loss_max_, &loss_sum_, &loss_target_}) v->assign(tp_ > 1 ? N : 0, 0);
 }
 
 size_t Gpt::activation_bytes() const {
@@ -219,60 +269,192 @@ size_t Gpt::activation_bytes() const {
   for (const auto& r : resid_) n += r.size();
   for (const auto& b : blocks_) add_block(b);
   add_block(recompute_acts_);
-  for (const auto* v :
-       {&attproj_, &fcproj_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_, &losses_, &dx_, &d_ln1_,
-        &d_qkv_, &d_att_, &d_atty_, &d_ln2_, &d_fch_, &d_fch_gelu_, &d_lnf_})
+  for (const auto* v : {&proj_,    &proj_rows_,  &gathered_, &lnf_,      &lnf_mean_, &lnf_rstd_,
+                        &lnf_all_, &logits_,     &losses_,   &loss_max_, &loss_sum_, &loss_target_,
+                        &dx_,      &d_ln1_,      &d_qkv_,    &d_att_,    &d_atty_,   &d_ln2_,
+                        &d_fch_,   &d_fch_gelu_, &d_lnf_,    &d_all_,    &d_rows_,   &d_lnparams_})
     n += v->size();
   return n * sizeof(float);
 }
 
-// One block: in (B,T,C) -> out (B,T,C), keeping what its backward reads in `a`.
-void Gpt::block_forward(int l, BlockActs& a, const float* in, float* out) {
-  const int B = B_, T = T_, C = cfg_.n_embd, NH = cfg_.n_head, BT = B * T, u = l + 1;
-  const size_t btc = static_cast<size_t>(BT) * C;
-  const auto& o = block_offsets_;
-  k::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), in, p(u, o[kLn1w]),
-                       p(u, o[kLn1b]), BT, C);
-  k::matmul_forward(gemm_, a.qkv.data(), a.ln1.data(), p(u, o[kQkvw]), p(u, o[kQkvb]), BT, C,
-                    3 * C);
-  k::attention_forward(gemm_, a.atty.data(), a.att.data(), a.qkv.data(), B, T, C, NH);
-  k::matmul_forward(gemm_, attproj_.data(), a.atty.data(), p(u, o[kProjw]), p(u, o[kProjb]), BT, C,
-                    C);
-  k::residual_forward(a.res2.data(), in, attproj_.data(), btc);
-  k::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(),
-                       p(u, o[kLn2w]), p(u, o[kLn2b]), BT, C);
-  k::matmul_forward(gemm_, a.fch.data(), a.ln2.data(), p(u, o[kFcw]), p(u, o[kFcb]), BT, C, 4 * C);
-  k::gelu_forward(a.fch_gelu.data(), a.fch.data(), btc * 4);
-  k::matmul_forward(gemm_, fcproj_.data(), a.fch_gelu.data(), p(u, o[kFcProjw]), p(u, o[kFcProjb]),
-                    BT, 4 * C, C);
-  k::residual_forward(out, a.res2.data(), fcproj_.data(), btc);
+// ---- the tensor-parallel edges ----
+
+// Under sequence parallelism, the (R,C) rows of every rank gathered into `all` (N,C): the
+// forward of f (before a column-parallel linear) and the backward of g. Otherwise the rows
+// are already all of them.
+const float* Gpt::gather_rows(const float* rows, float* all) {
+  if (!sp_) return rows;
+  tp_comm_->allgather(rows, all, static_cast<size_t>(R_) * cfg_.n_embd);
+  return all;
 }
 
-// The block's forward in reverse. dx holds d(out) on entry and d(in) on exit: the residual
-// connections pass it through unchanged, the LayerNorm backwards add their branches to it.
+// The backward of f: each rank's input gradient of a column-parallel linear (N,C) covers
+// only its columns' share; the sum over the group is the gradient (allreduce), or under
+// sequence parallelism this rank's rows of it (reduce-scatter).
+const float* Gpt::reduce_input_grad(float* partial) {
+  if (tp_ == 1) return partial;
+  const size_t n = static_cast<size_t>(N_) * cfg_.n_embd;
+  if (!sp_) {
+    tp_comm_->allreduce_sum(partial, n);
+    return partial;
+  }
+  tp_comm_->reduce_scatter_sum(partial, d_rows_.data(), n / tp_);
+  return d_rows_.data();
+}
+
+// out (N,C) = inp (N,K) @ w (C,K)^T + bias: a row-parallel linear followed by g. Each rank's
+// product over its K columns is partial; the group's sum (allreduce, or reduce-scatter to
+// this rank's rows) gets the bias once. Returns the (R,C) result.
+const float* Gpt::row_parallel_linear(float* partial, const float* inp, const float* w,
+                                      const float* bias, int K) {
+  const int C = cfg_.n_embd;
+  if (tp_ == 1) {
+    k::matmul_forward(gemm_, partial, inp, w, bias, N_, K, C);
+    return partial;
+  }
+  k::matmul_forward(gemm_, partial, inp, w, nullptr, N_, K, C);
+  float* out = partial;
+  if (sp_) {
+    out = proj_rows_.data();
+    tp_comm_->reduce_scatter_sum(partial, out, static_cast<size_t>(R_) * C);
+  } else {
+    tp_comm_->allreduce_sum(partial, static_cast<size_t>(N_) * C);
+  }
+  k::bias_forward(out, bias, R_, C);
+  return out;
+}
+
+// LayerNorm backward over the region's R rows. Under sequence parallelism a rank's rows
+// give only part of the weight and bias gradients: they are computed apart, summed over the
+// group, then accumulated (Megatron's allreduce of sequence-parallel gradients).
+void Gpt::layernorm_backward_rows(float* dx, float* dw, float* db, const float* dout,
+                                  const float* inp, const float* w, const float* mean,
+                                  const float* rstd) {
+  const int C = cfg_.n_embd;
+  if (!sp_) {
+    k::layernorm_backward(dx, dw, db, dout, inp, w, mean, rstd, R_, C);
+    return;
+  }
+  float* part = d_lnparams_.data();
+  std::fill(d_lnparams_.begin(), d_lnparams_.end(), 0.0f);
+  k::layernorm_backward(dx, part, part + C, dout, inp, w, mean, rstd, R_, C);
+  tp_comm_->allreduce_sum(part, 2 * static_cast<size_t>(C));
+  for (int i = 0; i < C; ++i) dw[i] += part[i], db[i] += part[C + i];
+}
+
+// ---- blocks ----
+
+// One block: in (R,C) -> out (R,C), keeping what its backward reads in `a`.
+void Gpt::block_forward(int l, BlockActs& a, const float* in, float* out) {
+  const int B = B_, T = T_, C = cfg_.n_embd, N = N_, R = R_, Cl = Cl_, u = l + 1;
+  const size_t rc = static_cast<size_t>(R) * C;
+  const auto& o = block_offsets_;
+  k::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), in, p(u, o[kLn1w]),
+                       p(u, o[kLn1b]), R, C);
+  const float* x = gather_rows(a.ln1.data(), gathered_.data());
+  k::matmul_forward(gemm_, a.qkv.data(), x, p(u, o[kQkvw]), p(u, o[kQkvb]), N, C, 3 * Cl);
+  k::attention_forward(gemm_, a.atty.data(), a.att.data(), a.qkv.data(), B, T, Cl, NHl_);
+  const float* y =
+      row_parallel_linear(proj_.data(), a.atty.data(), p(u, o[kProjw]), p(u, o[kProjb]), Cl);
+  k::residual_forward(a.res2.data(), in, y, rc);
+  k::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(),
+                       p(u, o[kLn2w]), p(u, o[kLn2b]), R, C);
+  x = gather_rows(a.ln2.data(), gathered_.data());
+  k::matmul_forward(gemm_, a.fch.data(), x, p(u, o[kFcw]), p(u, o[kFcb]), N, C, 4 * Cl);
+  k::gelu_forward(a.fch_gelu.data(), a.fch.data(), static_cast<size_t>(N) * 4 * Cl);
+  y = row_parallel_linear(proj_.data(), a.fch_gelu.data(), p(u, o[kFcProjw]), p(u, o[kFcProjb]),
+                          4 * Cl);
+  k::residual_forward(out, a.res2.data(), y, rc);
+}
+
+// The block's forward in reverse. dx holds d(out) on entry and d(in) on exit (R,C): the
+// residual connections pass it through unchanged, the LayerNorm backwards add their
+// branches to it. Under sequence parallelism the LayerNorm outputs are gathered again for
+// the weight gradients rather than kept whole (activation memory / t).
 void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx) {
-  const int B = B_, T = T_, C = cfg_.n_embd, NH = cfg_.n_head, BT = B * T, u = l + 1;
-  const size_t btc = static_cast<size_t>(BT) * C;
+  const int B = B_, T = T_, C = cfg_.n_embd, N = N_, Cl = Cl_, u = l + 1;
   const auto& o = block_offsets_;
   for (auto* v : {&d_ln1_, &d_qkv_, &d_atty_, &d_ln2_, &d_fch_, &d_fch_gelu_})
     std::fill(v->begin(), v->end(), 0.0f);
   // out = res2 + fcproj(gelu(fc(ln2(res2))))
-  k::matmul_backward(gemm_, d_fch_gelu_.data(), g(u, o[kFcProjw]), g(u, o[kFcProjb]), dx,
-                     a.fch_gelu.data(), p(u, o[kFcProjw]), BT, 4 * C, C);
-  k::gelu_backward(d_fch_.data(), a.fch.data(), d_fch_gelu_.data(), 4 * btc);
-  k::matmul_backward(gemm_, d_ln2_.data(), g(u, o[kFcw]), g(u, o[kFcb]), d_fch_.data(),
-                     a.ln2.data(), p(u, o[kFcw]), BT, C, 4 * C);
-  k::layernorm_backward(dx, g(u, o[kLn2w]), g(u, o[kLn2b]), d_ln2_.data(), a.res2.data(),
-                        p(u, o[kLn2w]), a.ln2_mean.data(), a.ln2_rstd.data(), BT, C);
+  const float* dout = gather_rows(dx, d_all_.data());
+  k::matmul_backward(gemm_, d_fch_gelu_.data(), g(u, o[kFcProjw]), g(u, o[kFcProjb]), dout,
+                     a.fch_gelu.data(), p(u, o[kFcProjw]), N, 4 * Cl, C);
+  k::gelu_backward(d_fch_.data(), a.fch.data(), d_fch_gelu_.data(),
+                   static_cast<size_t>(N) * 4 * Cl);
+  const float* x = gather_rows(a.ln2.data(), gathered_.data());
+  k::matmul_backward(gemm_, d_ln2_.data(), g(u, o[kFcw]), g(u, o[kFcb]), d_fch_.data(), x,
+                     p(u, o[kFcw]), N, C, 4 * Cl);
+  layernorm_backward_rows(dx, g(u, o[kLn2w]), g(u, o[kLn2b]), reduce_input_grad(d_ln2_.data()),
+                          a.res2.data(), p(u, o[kLn2w]), a.ln2_mean.data(), a.ln2_rstd.data());
   // res2 = in + attproj(attention(qkv(ln1(in))))
-  k::matmul_backward(gemm_, d_atty_.data(), g(u, o[kProjw]), g(u, o[kProjb]), dx, a.atty.data(),
-                     p(u, o[kProjw]), BT, C, C);
+  dout = gather_rows(dx, d_all_.data());
+  k::matmul_backward(gemm_, d_atty_.data(), g(u, o[kProjw]), g(u, o[kProjb]), dout, a.atty.data(),
+                     p(u, o[kProjw]), N, Cl, C);
   k::attention_backward(gemm_, d_qkv_.data(), d_att_.data(), d_atty_.data(), a.qkv.data(),
-                        a.att.data(), B, T, C, NH);
-  k::matmul_backward(gemm_, d_ln1_.data(), g(u, o[kQkvw]), g(u, o[kQkvb]), d_qkv_.data(),
-                     a.ln1.data(), p(u, o[kQkvw]), BT, C, 3 * C);
-  k::layernorm_backward(dx, g(u, o[kLn1w]), g(u, o[kLn1b]), d_ln1_.data(), in, p(u, o[kLn1w]),
-                        a.ln1_mean.data(), a.ln1_rstd.data(), BT, C);
+                        a.att.data(), B, T, Cl, NHl_);
+  x = gather_rows(a.ln1.data(), gathered_.data());
+  k::matmul_backward(gemm_, d_ln1_.data(), g(u, o[kQkvw]), g(u, o[kQkvb]), d_qkv_.data(), x,
+                     p(u, o[kQkvw]), N, C, 3 * Cl);
+  layernorm_backward_rows(dx, g(u, o[kLn1w]), g(u, o[kLn1b]), reduce_input_grad(d_ln1_.data()), in,
+                          p(u, o[kLn1w]), a.ln1_mean.data(), a.ln1_rstd.data());
+}
+
+// ---- embeddings and loss ----
+
+// resid_[0] (R,C) = wte[token] + wpe[position]. Vocab-parallel: each rank looks up the tokens
+// its rows of wte hold (zero rows for the rest) and the group's sum is the lookup (g), exact
+// since every other term is 0.
+void Gpt::embed_forward(const int* tokens) {
+  const int C = cfg_.n_embd;
+  float* out = resid_[0].data();
+  if (tp_ == 1) {
+    k::encoder_forward(out, tokens, p(0, 0), p(0, tensors_[1].offset), B_, T_, C);
+    return;
+  }
+  float* partial = sp_ ? proj_.data() : out;
+  k::embedding_shard_forward(partial, tokens, p(0, 0), vocab_begin_, Vl_, N_, C);
+  if (sp_)
+    tp_comm_->reduce_scatter_sum(partial, out, static_cast<size_t>(R_) * C);
+  else
+    tp_comm_->allreduce_sum(out, static_cast<size_t>(N_) * C);
+  k::position_forward(out, p(0, tensors_[1].offset), row_begin_, R_, T_, C);
+}
+
+void Gpt::embed_backward() {
+  const int C = cfg_.n_embd;
+  if (tp_ == 1) {
+    k::encoder_backward(g(0, 0), g(0, tensors_[1].offset), dx_.data(), tokens_.data(), B_, T_, C);
+    return;
+  }
+  const float* dout = gather_rows(dx_.data(), d_all_.data());
+  k::embedding_shard_backward(g(0, 0), dout, tokens_.data(), vocab_begin_, Vl_, N_, C);
+  k::position_backward(g(0, tensors_[1].offset), dout, 0, N_, T_, C);
+}
+
+// Mean cross-entropy of the logits; the logits become probabilities in place.
+float Gpt::loss_forward(const int* targets) {
+  float* probs = logits_.data();
+  if (tp_ == 1) {
+    k::softmax_forward(probs, logits_.data(), N_, cfg_.vocab_size, cfg_.padded_vocab_size);
+    k::crossentropy_forward(losses_.data(), probs, targets, N_, cfg_.padded_vocab_size);
+  } else {
+    VocabShard shard{vocab_begin_, Vl_, vocab_valid_};
+    vocab_parallel_cross_entropy(*tp_comm_, probs, losses_.data(), targets, N_, shard,
+                                 {loss_max_.data(), loss_sum_.data(), loss_target_.data()});
+  }
+  double sum = 0;
+  for (float x : losses_) sum += x;
+  return static_cast<float>(sum / N_);
+}
+
+void Gpt::loss_backward(float dloss) {
+  if (tp_ == 1)
+    k::crossentropy_softmax_backward_inplace(logits_.data(), dloss, targets_.data(), N_,
+                                             cfg_.vocab_size, cfg_.padded_vocab_size);
+  else
+    vocab_parallel_cross_entropy_backward(logits_.data(), dloss, targets_.data(), N_,
+                                          {vocab_begin_, Vl_, vocab_valid_});
 }
 
 float Gpt::forward(const int* tokens, const int* targets, int B, int T) {
@@ -286,14 +468,14 @@ float Gpt::forward(const int* tokens, const int* targets, int B, int T) {
       throw UserError(
           "token id out of range for a vocabulary of " + std::to_string(cfg_.vocab_size),
           "the data was prepared with another tokenizer?");
+  LOOM_CHECK_MSG(tp_ == 1 || tp_comm_, "a tensor-parallel model needs set_tp_comm()");
   allocate(B, T);
   tokens_.assign(tokens, tokens + B * T);
   have_targets_ = targets != nullptr;
   if (targets) targets_.assign(targets, targets + B * T);
-  const int C = cfg_.n_embd, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size, BT = B * T;
-  const int L = cfg_.n_layer, head = L + 1;
+  const int C = cfg_.n_embd, L = cfg_.n_layer, head = L + 1;
   use(0);
-  k::encoder_forward(resid_[0].data(), tokens, p(0, 0), p(0, tensors_[1].offset), B, T, C);
+  embed_forward(tokens);
   done(0);
   for (int l = 0; l < L; ++l) {
     use(l + 1);
@@ -302,36 +484,32 @@ float Gpt::forward(const int* tokens, const int* targets, int B, int T) {
   }
   use(head);
   k::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), resid_[L].data(),
-                       p(head, 0), p(head, C), BT, C);
+                       p(head, 0), p(head, C), R_, C);
   done(head);
+  // The tied head is column-parallel over the vocabulary: f before it.
+  const float* x = gather_rows(lnf_.data(), lnf_all_.data());
   use(0);
-  k::matmul_forward(gemm_, logits_.data(), lnf_.data(), p(0, 0), nullptr, BT, C, Vp);
+  k::matmul_forward(gemm_, logits_.data(), x, p(0, 0), nullptr, N_, C, Vl_);
   done(0);
   if (!targets) return 0;
-  float* probs = logits_.data();  // in place from here on
-  k::softmax_forward(probs, logits_.data(), BT, V, Vp);
-  k::crossentropy_forward(losses_.data(), probs, targets, BT, Vp);
-  double sum = 0;
-  for (float x : losses_) sum += x;
-  return static_cast<float>(sum / BT);
+  return loss_forward(targets);
 }
 
 void Gpt::backward(float scale) {
   LOOM_CHECK_MSG(have_targets_, "backward() needs a forward() with targets");
   have_targets_ = false;  // the probabilities are consumed in place below
-  const int B = B_, T = T_, C = cfg_.n_embd, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size;
-  const int BT = B * T, L = cfg_.n_layer, head = L + 1;
+  const int C = cfg_.n_embd, L = cfg_.n_layer, head = L + 1;
   float* dlogits = logits_.data();
-  k::crossentropy_softmax_backward_inplace(dlogits, scale / BT, targets_.data(), BT, V, Vp);
+  loss_backward(scale / static_cast<float>(N_));
   std::fill(d_lnf_.begin(), d_lnf_.end(), 0.0f);
   use(0);
-  k::matmul_backward(gemm_, d_lnf_.data(), g(0, 0), nullptr, dlogits, lnf_.data(), p(0, 0), BT, C,
-                     Vp);
+  k::matmul_backward(gemm_, d_lnf_.data(), g(0, 0), nullptr, dlogits,
+                     sp_ ? lnf_all_.data() : lnf_.data(), p(0, 0), N_, C, Vl_);
   done(0);
   std::fill(dx_.begin(), dx_.end(), 0.0f);
   use(head);
-  k::layernorm_backward(dx_.data(), g(head, 0), g(head, C), d_lnf_.data(), resid_[L].data(),
-                        p(head, 0), lnf_mean_.data(), lnf_rstd_.data(), BT, C);
+  layernorm_backward_rows(dx_.data(), g(head, 0), g(head, C), reduce_input_grad(d_lnf_.data()),
+                          resid_[L].data(), p(head, 0), lnf_mean_.data(), lnf_rstd_.data());
   done(head);
   if (hooks_) hooks_->grads_ready(head);
   for (int l = L - 1; l >= 0; --l) {
@@ -343,7 +521,7 @@ void Gpt::backward(float scale) {
     if (hooks_) hooks_->grads_ready(l + 1);
   }
   use(0);
-  k::encoder_backward(g(0, 0), g(0, tensors_[1].offset), dx_.data(), tokens_.data(), B, T, C);
+  embed_backward();
   done(0);
   if (hooks_) hooks_->grads_ready(0);
 }

@@ -1,14 +1,28 @@
 // The GPT-2 model on the CPU kernels: token + position embeddings, pre-LayerNorm blocks
 // (causal multi-head attention, GELU MLP), final LayerNorm, LM head tied to the token
-// embedding, vocabulary padded (padded logits excluded from the loss). No parallelism here
-// (DESIGN decision 4): ZeRO, tensor and pipeline parallelism act on the units from outside
-// through bind_unit() and UnitHooks.
+// embedding, vocabulary padded (padded logits excluded from the loss). ZeRO and pipeline
+// parallelism act on the units from outside through bind_unit() and UnitHooks (DESIGN
+// decision 4); tensor parallelism changes the model's shapes and inserts the conjugate
+// communication of model/tp_comm.h, through an interface, never a communicator.
 //
 // Units (DESIGN decision 5): parameters live in one flat layout in which each unit is a
 // contiguous slice — unit 0 the embeddings (wte (Vp,C), wpe (maxT,C)), units 1..L the blocks,
 // unit L+1 the final LayerNorm. Gradients mirror that layout. Inside a block:
-//   ln1w ln1b (C) | qkvw (3C,C) qkvb (3C) | attprojw (C,C) attprojb (C) | ln2w ln2b (C)
+//   ln1w ln1b (C) | qkvw (3,C,C) qkvb (3,C) | attprojw (C,C) attprojb (C) | ln2w ln2b (C)
 //   | fcw (4C,C) fcb (4C) | fcprojw (C,4C) fcprojb (C)
+// (qkvw is q, k and v's (C,C) matrices stacked: the (3C,C) of GPT-2's c_attn.)
+//
+// Tensor parallelism (TensorSplit, t ranks; Megatron-LM's layout): a rank holds heads
+// [r*NH/t, (r+1)*NH/t): qkvw (3,C/t,C) and fcw (4C/t,C) are column-parallel (rows split),
+// attprojw (C,C/t) and fcprojw (C,4C/t) row-parallel (columns split, bias added once after
+// the reduction), wte (Vp/t,C) vocab-parallel (the embedding lookup summed over the group,
+// logits (N,Vp/t) and a vocab-parallel cross-entropy that never gathers them). LayerNorms,
+// wpe and the row-parallel biases are replicated. With sequence parallelism the LayerNorm
+// and residual regions hold only this rank's N/t token rows (N = B*T, rows split in order:
+// with B = 1 exactly Megatron's split of the sequence) — allgather before a column-parallel
+// linear, reduce-scatter after a row-parallel one — and the replicated LayerNorm gradients,
+// then partial, are summed over the group. Every tensor records the box of the whole tensor
+// it holds, so checkpoints name whole tensors whatever the split.
 //
 // Memory: each block keeps what its backward reads (ln1, qkv, att, atty, res2, ln2, fch,
 // gelu(fch) and the LayerNorm statistics) unless it is recomputed, in which case it keeps
@@ -23,8 +37,10 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/box.h"
 #include "loom/core/state_memory.h"
 #include "loom/kernels/cpu/gemm.h"
+#include "loom/model/tp_comm.h"
 
 namespace loom::model {
 
@@ -35,6 +51,9 @@ struct GptConfig {
   // tiny, small, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m; UserError otherwise.
   static GptConfig named(const std::string& name);
   void validate() const;  // UserError naming the field
+  // UserError naming the numbers when the model cannot be split t ways (heads, padded
+  // vocabulary).
+  void validate_split(int t) const;
   // Model FLOPs of one token's forward + backward at sequence length T: 6 x parameters
   // that enter matrix products (all but the position embeddings; the tied head counts
   // once) + 12 x layers x C x T for attention's two products. (docs/perf.md: MFU.)
@@ -44,12 +63,14 @@ struct GptConfig {
   static GptConfig from_json(const nlohmann::json& j);  // validated
 };
 
-struct Tensor {  // one named parameter tensor inside the flat layout
+struct Tensor {  // one named parameter tensor inside this rank's flat layout
   std::string name;
-  std::vector<int64_t> shape;
-  size_t offset, size;
+  Shape shape;          // the whole tensor's
+  Shape start, extent;  // the box of it this rank holds (all of it without tensor parallelism)
+  size_t offset, size;  // in the flat layout; size = the box's element count
   int unit;
-  bool decay;  // weight decay applies (matrices and embeddings, not biases or norms)
+  bool decay;       // weight decay applies (matrices and embeddings, not biases or norms)
+  bool replicated;  // every tensor-parallel rank holds the whole tensor
 };
 
 // Called by the model around each use of a unit's parameters and when a unit's gradients
@@ -67,8 +88,11 @@ class Gpt {
  public:
   // With own_storage the model allocates the flat parameter and gradient buffers and binds
   // every unit into them; without, the caller binds every unit before use (ZeRO-3).
-  explicit Gpt(GptConfig cfg, bool own_storage = true);
+  // With split.size > 1, set_tp_comm() must be called before forward().
+  explicit Gpt(GptConfig cfg, bool own_storage = true, TensorSplit split = {});
   const GptConfig& config() const { return cfg_; }
+  const TensorSplit& split() const { return split_; }
+  void set_tp_comm(TpComm* comm) { tp_comm_ = comm; }
   size_t num_params() const { return total_; }
   // The owned flat buffers (own_storage only).
   float* params() { return params_.data(); }
@@ -86,10 +110,11 @@ class Gpt {
   void set_precision(kernels::cpu::Precision p) { gemm_.set_precision(p); }
 
   // GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0,
-  // LayerNorm weights 1; deterministic in the seed (own_storage only).
-  void init(uint64_t seed);
-  // The same values for unit u alone, written to out (unit_range(u) sized).
-  void init_unit(uint64_t seed, int u, float* out) const;
+  // LayerNorm weights 1, padded vocabulary rows 0. Every value is a pure function of (seed,
+  // tensor name, element index in the whole tensor): identical weights under every layout.
+  void init(uint64_t seed);  // own_storage only
+  // The same values for elements [begin, end) of the flat layout, written to out[0..).
+  void init_params(uint64_t seed, size_t begin, size_t end, float* out) const;
   // Mean cross-entropy over B*T positions; keeps what backward() needs.
   // targets may be null (inference: logits() valid, returns 0).
   float forward(const int* tokens, const int* targets, int B, int T);
@@ -97,7 +122,8 @@ class Gpt {
   // scale = 1/grad_accum averages micro-batches).
   void backward(float scale = 1.0f);
   void zero_grad();
-  // (B*T, Vp) logits of the last forward without targets.
+  // (B*T, Vp) logits of the last forward without targets ((B*T, Vp/t): this rank's
+  // vocabulary columns, under tensor parallelism).
   const float* logits() const { return logits_.data(); }
   // Bytes of activation buffers currently allocated.
   size_t activation_bytes() const;
@@ -112,6 +138,17 @@ class Gpt {
   BlockActs& acts_of(int l) { return recomputed(l) ? recompute_acts_ : blocks_[l]; }
   void block_forward(int l, BlockActs& a, const float* in, float* out);
   void block_backward(int l, BlockActs& a, const float* in, float* dx);
+  // The tensor-parallel edges (model/tp_comm.h); identities without tensor parallelism.
+  const float* gather_rows(const float* rows, float* all);  // f forward / g backward
+  const float* reduce_input_grad(float* partial);           // f backward
+  const float* row_parallel_linear(float* partial, const float* inp, const float* w,
+                                   const float* bias, int K);  // linear + g forward
+  void layernorm_backward_rows(float* dx, float* dw, float* db, const float* dout, const float* inp,
+                               const float* w, const float* mean, const float* rstd);
+  void embed_forward(const int* tokens);
+  void embed_backward();
+  float loss_forward(const int* targets);
+  void loss_backward(float dloss);
   const float* p(int unit, size_t offset) const { return unit_params_[unit] + offset; }
   float* p(int unit, size_t offset) { return unit_params_[unit] + offset; }
   float* g(int unit, size_t offset) { return unit_grads_[unit] + offset; }
@@ -123,6 +160,14 @@ class Gpt {
   }
 
   GptConfig cfg_;
+  TensorSplit split_;
+  TpComm* tp_comm_ = nullptr;
+  // Local sizes: Cl = C/t channels of attention and NHl heads, Vl = Vp/t vocabulary columns
+  // from vocab_begin_ (the first vocab_valid_ of them real), N = B*T rows, R = the rows of
+  // the LayerNorm/residual region (N/t under sequence parallelism, from row_begin_).
+  int tp_ = 1, Cl_ = 0, NHl_ = 0, Vl_ = 0, vocab_begin_ = 0, vocab_valid_ = 0;
+  bool sp_ = false;
+  int N_ = 0, R_ = 0, row_begin_ = 0;
   size_t total_ = 0;
   StateVector params_, grads_;
   std::vector<Tensor> tensors_;
@@ -138,10 +183,14 @@ class Gpt {
   std::vector<std::vector<float>> resid_;
   std::vector<BlockActs> blocks_;
   BlockActs recompute_acts_;
-  std::vector<float> attproj_, fcproj_;  // forward scratch, not needed by backward
-  std::vector<float> lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
+  // Forward scratch, not needed by backward: a row-parallel linear's (N,C) output (partial
+  // under tensor parallelism), its reduced rows (sequence parallelism), gathered rows.
+  std::vector<float> proj_, proj_rows_, gathered_;
+  std::vector<float> lnf_, lnf_mean_, lnf_rstd_, lnf_all_, logits_, losses_;
+  std::vector<float> loss_max_, loss_sum_, loss_target_;  // vocab-parallel loss, per row
   // Backward scratch, one block's worth.
   std::vector<float> dx_, d_ln1_, d_qkv_, d_att_, d_atty_, d_ln2_, d_fch_, d_fch_gelu_, d_lnf_;
+  std::vector<float> d_all_, d_rows_, d_lnparams_;  // gathered / reduced gradient rows
   std::vector<int> tokens_, targets_;
   int B_ = 0, T_ = 0;
   bool have_targets_ = false;

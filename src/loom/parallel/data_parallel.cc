@@ -9,6 +9,7 @@
 #include "loom/core/checksum.h"
 #include "loom/core/dtype.h"
 #include "loom/core/error.h"
+#include "loom/optim/grad_norm.h"
 
 namespace loom::parallel {
 using comm::ReduceOp;
@@ -26,26 +27,26 @@ void from_bf16(const uint16_t* in, float* out, size_t n) {
 
 }  // namespace
 
-DataParallel::DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator> world,
-                           DpOptions o)
-    : model_(model), world_(std::move(world)), opt_(o) {
+DataParallel::DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator> dp,
+                           std::shared_ptr<comm::Communicator> mp, DpOptions o)
+    : model_(model), dp_(std::move(dp)), mp_(std::move(mp)), opt_(o) {
   if (opt_.zero < 0 || opt_.zero > 3)
     throw UserError("train.zero = " + std::to_string(opt_.zero) + " is not a ZeRO stage",
                     "use 0 (data parallel), 1, 2 or 3");
-  shard_group_ = world_;
-  if (world_ && opt_.shard_within_node && opt_.zero > 0 && world_->topology().nhosts() > 1) {
-    const comm::Topology& topo = world_->topology();
+  shard_group_ = dp_;
+  if (dp_ && opt_.shard_within_node && opt_.zero > 0 && dp_->topology().nhosts() > 1) {
+    const comm::Topology& topo = dp_->topology();
     const auto& hosts = topo.hosts;
     for (const auto& h : hosts)
       if (h.size() != hosts[0].size())
         throw UserError("zero.shard_group = node needs the same number of ranks on every machine",
                         "start as many ranks on each machine, or use zero.shard_group = world");
-    const int host = topo.host_of[world_->rank()];
+    const int host = topo.host_of[dp_->rank()];
     const auto& mine = hosts[host];
     const int local =
-        static_cast<int>(std::find(mine.begin(), mine.end(), world_->rank()) - mine.begin());
-    shard_group_ = world_->split(host, world_->rank());
-    replica_group_ = world_->split(local, world_->rank());
+        static_cast<int>(std::find(mine.begin(), mine.end(), dp_->rank()) - mine.begin());
+    shard_group_ = dp_->split(host, dp_->rank());
+    replica_group_ = dp_->split(local, dp_->rank());
   }
   S_ = shard_group_ ? shard_group_->size() : 1;
   r_ = shard_group_ ? shard_group_->rank() : 0;
@@ -84,12 +85,15 @@ DataParallel::DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator
       grads_.assign(shard, 0.0f);
       break;
   }
+  std::vector<optim::DecaySpan> decay;
+  for (const model::Tensor& t : model_.tensors())
+    decay.push_back({t.offset, t.offset + t.size, t.decay});
   for (int u = 0; u < static_cast<int>(nu); ++u) {
     const Unit& x = units_[u];
     if (opt_.zero == 0)
-      adam_.push_back(std::make_unique<train::AdamW>(model_.tensors(), x.begin, x.end));
+      adam_.push_back(std::make_unique<optim::AdamW>(decay, x.begin, x.end));
     else
-      adam_.push_back(std::make_unique<train::AdamW>(model_.tensors(), x.own_begin, x.own_end));
+      adam_.push_back(std::make_unique<optim::AdamW>(decay, x.own_begin, x.own_end));
     if (opt_.zero <= 1)
       model_.bind_unit(u, params_.data() + x.full_off, grads_.data() + x.full_off);
     else if (opt_.zero == 2)
@@ -111,13 +115,6 @@ DataParallel::~DataParallel() {
   };
   for (auto& p : pending_) quietly_wait(p.work);
   for (auto& w : gathering_) quietly_wait(w);
-}
-
-template <typename Fn>
-void DataParallel::timed(Fn fn) {
-  const auto t0 = Clock::now();
-  fn();
-  comm_wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 void DataParallel::wait(const comm::WorkPtr& w) {
@@ -156,6 +153,12 @@ float* DataParallel::full_param(int u) {
   return params_.data() + units_[u].full_off;
 }
 
+// A tensor split across the model-parallel group counts on every rank (each holds its own
+// part); a replicated one on the group's first rank only.
+bool DataParallel::counted_here(const model::Tensor& t) const {
+  return !t.replicated || !mp_ || mp_->rank() == 0;
+}
+
 template <typename Fn>
 void DataParallel::for_each_slice(int u, size_t lo, size_t hi, Fn fn) const {
   for (const model::Tensor& t : model_.tensors()) {
@@ -181,29 +184,51 @@ void DataParallel::give(StateVector& v) {
 // ---- weights ----
 
 void DataParallel::init_weights(uint64_t seed) {
-  for (int u = 0; u < static_cast<int>(units_.size()); ++u) release_gathered(u);
-  const int nu = static_cast<int>(units_.size());
-  if (opt_.zero == 3) {
-    StateVector tmp;
-    for (int u = 0; u < nu; ++u) {
-      const Unit& x = units_[u];
-      tmp.assign(x.shard * S_, 0.0f);
-      if (r_ == 0) model_.init_unit(seed, u, tmp.data());
-      shard_group_->scatter(tmp.data(), own_param(u), x.shard, DType::kF32, 0);
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    release_gathered(u);
+    const Unit& x = units_[u];
+    if (opt_.zero == 3) {
+      std::fill(own_param(u), own_param(u) + x.shard, 0.0f);  // padding stays 0
+      model_.init_params(seed, x.own_begin, x.own_end, own_param(u));
+    } else {
+      model_.init_params(seed, x.begin, x.end, full_param(u));
     }
-    return;
   }
-  if (rank() == 0)
-    for (int u = 0; u < nu; ++u) model_.init_unit(seed, u, full_param(u));
-  if (!world_ || world_->size() == 1) return;
-  world_->broadcast(params_.data(), params_.size(), DType::kF32, 0);
-  int64_t sum = static_cast<int64_t>(checksum64(params_.data(), params_.size() * sizeof(float)));
-  std::vector<int64_t> all(world_->size());
-  world_->allgather(&sum, all.data(), 1, DType::kI64);
-  for (int q = 0; q < world_->size(); ++q)
-    if (all[q] != all[0])
-      throw Error("initial weights on rank " + std::to_string(q) +
-                  " differ from rank 0's after the broadcast (checksum mismatch)");
+  check_replicas("the initial weights", true);
+}
+
+void DataParallel::check_replicas(const std::string& when, bool across_dp) {
+  auto compare = [&](comm::Communicator& group, uint64_t mine, const std::string& what) {
+    int64_t sum = static_cast<int64_t>(mine);
+    std::vector<int64_t> all(group.size());
+    timed([&] { group.allgather(&sum, all.data(), 1, DType::kI64); });
+    for (int q = 0; q < group.size(); ++q)
+      if (all[q] != all[0])
+        throw Error(what + " of " + when + " differ between ranks 0 and " + std::to_string(q) +
+                    " of the " + group.config().name + " group (checksum mismatch)");
+  };
+  if (across_dp && dp_ && opt_.zero < 3)
+    compare(*dp_, checksum64(params_.data(), params_.size() * sizeof(float)),
+            "the data-parallel replicas");
+  if (!mp_) return;
+  Checksum64 sum;
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    const Unit& x = units_[u];
+    const bool sharded = opt_.zero == 3;
+    for_each_slice(u, sharded ? x.own_begin : x.begin, sharded ? x.own_end : x.end,
+                   [&](const model::Tensor& t, int64_t, int64_t n, size_t a) {
+                     if (!t.replicated) return;
+                     const float* p =
+                         sharded ? own_param(u) + (a - x.own_begin) : full_param(u) + (a - x.begin);
+                     sum.update(p, static_cast<size_t>(n) * sizeof(float));
+                   });
+  }
+  compare(*mp_, sum.value(), "replicated tensors (LayerNorms, wpe, row-parallel biases)");
+}
+
+// A tensor's slice [b, b + n) in this rank's part of it, as a checkpoint region.
+static ckpt::Region region_of(const model::Tensor& t, int64_t b, int64_t n) {
+  return {t.start, t.extent, b, n};
 }
 
 void DataParallel::load(const ckpt::Reader& r) {
@@ -215,16 +240,17 @@ void DataParallel::load(const ckpt::Reader& r) {
     const size_t mbase = adam_[u]->begin();  // the moments cover the optimizer's range
     for_each_slice(u, mbase, adam_[u]->end(),
                    [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
-                     r.read("adam_m/" + t.name, b, n, m + (a - mbase));
-                     r.read("adam_v/" + t.name, b, n, v + (a - mbase));
+                     r.read("adam_m/" + t.name, t.shape, region_of(t, b, n), m + (a - mbase));
+                     r.read("adam_v/" + t.name, t.shape, region_of(t, b, n), v + (a - mbase));
                      if (opt_.zero == 3)
-                       r.read("param/" + t.name, b, n, own_param(u) + (a - x.own_begin));
+                       r.read("param/" + t.name, t.shape, region_of(t, b, n),
+                              own_param(u) + (a - x.own_begin));
                    });
     if (opt_.zero < 3)
-      for_each_slice(u, x.begin, x.end,
-                     [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
-                       r.read("param/" + t.name, b, n, full_param(u) + (a - x.begin));
-                     });
+      for_each_slice(
+          u, x.begin, x.end, [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
+            r.read("param/" + t.name, t.shape, region_of(t, b, n), full_param(u) + (a - x.begin));
+          });
   }
 }
 
@@ -238,11 +264,13 @@ std::vector<ckpt::Piece> DataParallel::checkpoint_pieces() {
     const float* v = adam_[u]->v().data();
     for_each_slice(
         u, x.own_begin, x.own_end, [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
+          if (!counted_here(t)) return;
           const float* p =
               opt_.zero == 3 ? own_param(u) + (a - x.own_begin) : full_param(u) + (a - x.begin);
-          pieces.push_back({"param/" + t.name, t.shape, b, n, p});
-          pieces.push_back({"adam_m/" + t.name, t.shape, b, n, m + (a - mbase)});
-          pieces.push_back({"adam_v/" + t.name, t.shape, b, n, v + (a - mbase)});
+          const ckpt::Region reg = region_of(t, b, n);
+          pieces.push_back({"param/" + t.name, t.shape, reg, p});
+          pieces.push_back({"adam_m/" + t.name, t.shape, reg, m + (a - mbase)});
+          pieces.push_back({"adam_v/" + t.name, t.shape, reg, v + (a - mbase)});
         });
   }
   return pieces;
@@ -281,10 +309,10 @@ void DataParallel::launch_reduction(int u) {
     if (opt_.comm_bf16) {
       p.bf16.resize(x.n());
       to_bf16(g, p.bf16.data(), x.n());
-      p.work = world_->allreduce_async(p.bf16.data(), p.bf16.data(), x.n(), DType::kBF16,
-                                       ReduceOp::kAvg);
+      p.work =
+          dp_->allreduce_async(p.bf16.data(), p.bf16.data(), x.n(), DType::kBF16, ReduceOp::kAvg);
     } else {
-      p.work = world_->allreduce_async(g, g, x.n(), DType::kF32, ReduceOp::kAvg);
+      p.work = dp_->allreduce_async(g, g, x.n(), DType::kF32, ReduceOp::kAvg);
     }
   } else if (S_ > 1) {
     float* g = opt_.zero == 1 ? grads_.data() + x.full_off : unit_grads_[u].data();
@@ -342,16 +370,23 @@ double DataParallel::finish_gradients() {
                                                       DType::kF32, ReduceOp::kAvg));
     for (auto& w : works) wait(w);
   }
-  // Stage 0: every rank holds the whole averaged gradient; 1-3: each its slices, summed.
+  // Stage 0: every rank holds the whole averaged gradient; 1-3: each its slices, summed
+  // over the shard group; then the model-parallel parts, replicated tensors once.
   double ss = 0;
-  for (int u = 0; u < static_cast<int>(units_.size()); ++u)
-    ss += train::sum_of_squares(own_grad(u), adam_[u]->end() - adam_[u]->begin());
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    const size_t base = adam_[u]->begin();
+    for_each_slice(u, base, adam_[u]->end(),
+                   [&](const model::Tensor& t, int64_t, int64_t n, size_t a) {
+                     if (counted_here(t)) ss += optim::sum_of_squares(own_grad(u) + (a - base), n);
+                   });
+  }
   if (opt_.zero > 0 && S_ > 1)
     timed([&] { shard_group_->allreduce(&ss, &ss, 1, DType::kF64, ReduceOp::kSum); });
+  if (mp_) timed([&] { mp_->allreduce(&ss, &ss, 1, DType::kF64, ReduceOp::kSum); });
   return std::sqrt(ss);
 }
 
-void DataParallel::optimizer_step(float grad_scale, double lr, const train::TrainConfig& c,
+void DataParallel::optimizer_step(float grad_scale, double lr, const optim::AdamWParams& c,
                                   int64_t t) {
   const int nu = static_cast<int>(units_.size());
   for (int u = 0; u < nu; ++u) release_gathered(u);  // stage 3: gathered copies go stale
@@ -440,30 +475,11 @@ void DataParallel::after_use(int u) {
 
 void DataParallel::grads_ready(int u) {
   if (opt_.zero <= 1) {
-    if (last_micro_ && world_ && world_->size() > 1) launch_reduction(u);
+    if (last_micro_ && dp_) launch_reduction(u);
     return;
   }
   launch_reduction(u);
   retire_done(2);
-}
-
-// ---- small collectives ----
-
-std::vector<double> DataParallel::allreduce_sum(std::vector<double> v) {
-  if (!world_ || world_->size() == 1) return v;
-  timed([&] { world_->allreduce(v.data(), v.data(), v.size(), DType::kF64, ReduceOp::kSum); });
-  return v;
-}
-
-std::vector<double> DataParallel::allgather(const std::vector<double>& v) {
-  if (!world_ || world_->size() == 1) return v;
-  std::vector<double> all(v.size() * world_->size());
-  world_->allgather(v.data(), all.data(), v.size(), DType::kF64);
-  return all;
-}
-
-void DataParallel::barrier() {
-  if (world_ && world_->size() > 1) world_->barrier();
 }
 
 }  // namespace loom::parallel

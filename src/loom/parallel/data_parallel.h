@@ -17,6 +17,13 @@
 //                  use and freed after it; the next unit in the recorded use order is
 //                  prefetched while the current one computes.
 //
+// Data parallelism is one dimension of the mesh: the engine runs over the data-parallel group
+// (the ranks that hold the same part of the model and read different data). Under tensor
+// parallelism each rank's model is its shard of the whole, and ZeRO shards that shard over
+// the data-parallel group only; the model-parallel group (the tensor-parallel ranks) is used
+// to complete the gradient norm (tensors split across it summed, replicated ones counted
+// once) and to check that replicated tensors stay identical.
+//
 // Sharding is per unit: unit u (n elements) is padded to a multiple of the shard-group size
 // S and rank r owns elements [r * n/S, (r+1) * n/S) of it. With zero.shard_group = node the
 // shard group is the ranks of one machine and the shards are replicated across machines
@@ -26,6 +33,7 @@
 // model-state memory ZeRO's formulas predict (docs/algorithms.md "Data parallel and ZeRO").
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -36,8 +44,7 @@
 #include "loom/comm/communicator.h"
 #include "loom/core/state_memory.h"
 #include "loom/model/gpt.h"
-#include "loom/train/config.h"
-#include "loom/train/optimizer.h"
+#include "loom/optim/adamw.h"
 
 namespace loom::parallel {
 
@@ -49,17 +56,25 @@ struct DpOptions {
 
 class DataParallel : public model::UnitHooks {
  public:
-  // `world` may be null (one process). The model must be built without its own storage.
-  DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator> world, DpOptions o);
+  // `dp` (the data-parallel group) and `mp` (the model-parallel group: the ranks that hold
+  // the other parts of this replica of the model) are null when they would be this rank
+  // alone. The model must be built without its own storage.
+  DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator> dp,
+               std::shared_ptr<comm::Communicator> mp, DpOptions o);
   ~DataParallel() override;
 
-  int rank() const { return world_ ? world_->rank() : 0; }
-  int size() const { return world_ ? world_->size() : 1; }
+  int rank() const { return dp_ ? dp_->rank() : 0; }
+  int size() const { return dp_ ? dp_->size() : 1; }
   const DpOptions& options() const { return opt_; }
 
-  // Rank 0 generates the weights (unit by unit) and sends them; replicas are checked by
-  // checksum (zero 0-2), so every rank starts from identical weights.
+  // Every rank generates the weights it holds (the model's initialisation is a pure
+  // function of the element), then checks by checksum that data-parallel replicas (zero
+  // 0-2) and the tensor-parallel copies of replicated tensors are identical.
   void init_weights(uint64_t seed);
+  // Error naming the rank when a replicated tensor differs across the model-parallel group
+  // (and, with `across_dp`, when the data-parallel replicas' parameters differ). `when`
+  // names the moment in the message.
+  void check_replicas(const std::string& when, bool across_dp);
   // Reads this rank's part of a checkpoint of any layout.
   void load(const ckpt::Reader& r);
   // The pieces this rank writes in a checkpoint (each element written by one rank).
@@ -72,16 +87,14 @@ class DataParallel : public model::UnitHooks {
   void backward(float scale, bool last_micro_step);
   // Waits for the gradient reductions; returns the L2 norm of the averaged gradient.
   double finish_gradients();
-  void optimizer_step(float grad_scale, double lr, const train::TrainConfig& c, int64_t t);
-
-  // Small collectives over the world, for the trainer (timed as communication).
-  std::vector<double> allreduce_sum(std::vector<double> v);
-  std::vector<double> allgather(const std::vector<double>& v);  // rank-major
-  void barrier();
+  void optimizer_step(float grad_scale, double lr, const optim::AdamWParams& p, int64_t t);
 
   // Seconds the calling thread spent waiting on communication since the last reset.
   double comm_wait_s() const { return comm_wait_s_; }
   void reset_comm_wait() { comm_wait_s_ = 0; }
+  // Runs fn, adding its duration to comm_wait_s() (the trainer's own small collectives).
+  template <typename Fn>
+  void timed(Fn fn);
 
   // UnitHooks
   void before_use(int u) override;
@@ -108,11 +121,9 @@ class DataParallel : public model::UnitHooks {
   void retire(Pending& p);
   void retire_done(size_t max_in_flight);
   void wait(const comm::WorkPtr& w);  // timed as communication when it blocks
-  template <typename Fn>
-  void timed(Fn fn);         // runs fn, adding its duration to comm_wait_s_
-  float* own_grad(int u);    // this rank's reduced gradient shard of unit u
-  float* own_param(int u);   // this rank's parameter shard of unit u
-  float* full_param(int u);  // stage 0-2: the unit's full parameters
+  float* own_grad(int u);             // this rank's reduced gradient shard of unit u
+  float* own_param(int u);            // this rank's parameter shard of unit u
+  float* full_param(int u);           // stage 0-2: the unit's full parameters
   // Unit-sized buffers (gathered parameters, full gradients) are taken from and given back
   // to a pool: the memory stays counted (StateMemory sees no free), but a step does not
   // pay the kernel for fresh zeroed pages every time (~12% of a ZeRO-3 step on `small`
@@ -124,9 +135,10 @@ class DataParallel : public model::UnitHooks {
   int next_use(int u);
   template <typename Fn>
   void for_each_slice(int u, size_t lo, size_t hi, Fn fn) const;
+  bool counted_here(const model::Tensor& t) const;  // in this rank's share of norms and files
 
   model::Gpt& model_;
-  std::shared_ptr<comm::Communicator> world_, shard_group_, replica_group_;
+  std::shared_ptr<comm::Communicator> dp_, mp_, shard_group_, replica_group_;
   DpOptions opt_;
   int S_ = 1, r_ = 0;  // shard group size and this rank's index in it
   std::vector<Unit> units_;
@@ -134,7 +146,7 @@ class DataParallel : public model::UnitHooks {
   std::vector<StateVector> unit_grads_;   // stage 2-3: a unit's full gradient during backward
   std::vector<StateVector> gathered_;     // stage 3: a unit's gathered parameters
   std::vector<comm::WorkPtr> gathering_;  // stage 3: gathers in flight
-  std::vector<std::unique_ptr<train::AdamW>> adam_;
+  std::vector<std::unique_ptr<optim::AdamW>> adam_;
   std::multimap<size_t, StateVector> pool_;
   std::deque<Pending> pending_;
   Phase phase_ = Phase::kIdle;
@@ -145,5 +157,12 @@ class DataParallel : public model::UnitHooks {
   size_t cursor_ = 0;
   double comm_wait_s_ = 0;
 };
+
+template <typename Fn>
+void DataParallel::timed(Fn fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  comm_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 }  // namespace loom::parallel

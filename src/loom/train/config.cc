@@ -15,7 +15,7 @@ namespace loom::train {
 
 namespace {
 
-using FieldPtr = std::variant<int64_t*, double*, std::string*>;
+using FieldPtr = std::variant<int64_t*, double*, std::string*, bool*>;
 
 struct Field {
   std::string key;
@@ -66,6 +66,11 @@ std::vector<Field> fields_of(TrainConfig& c) {
        }},
       {"train.zero", &c.zero,
        [&] { return c.zero >= 0 && c.zero <= 3 ? "" : "must be 0, 1, 2 or 3"; }},
+      {"train.tp", &c.tp, [&] { return at_least(c.tp, 1); }},
+      {"train.pp", &c.pp,
+       [&] { return c.pp == 1 ? "" : "must be 1: pipeline parallelism is not built yet"; }},
+      {"train.placement", &c.placement, [&] { return std::string(); }},  // checked by the mesh
+      {"tp.sequence_parallel", &c.sequence_parallel, [] { return std::string(); }},
       {"zero.shard_group", &c.shard_group,
        [&] {
          return one_of(c.shard_group, {"world", "node"});
@@ -149,6 +154,9 @@ void assign(const Field& f, const toml::node& n) {
         } else if constexpr (std::is_same_v<T, double>) {
           if (!n.is_number()) throw wrong("a number");
           *p = *n.value<double>();
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (!n.is_boolean()) throw wrong("true or false");
+          *p = *n.value<bool>();
         } else {
           if (!n.is_string()) throw wrong("a string");
           *p = *n.value<std::string>();
@@ -217,8 +225,11 @@ TrainConfig TrainConfig::load(const std::string& path, const std::vector<std::st
       std::string shown;
       std::visit(
           [&](auto* p) {
-            if constexpr (std::is_same_v<std::remove_pointer_t<decltype(p)>, std::string>)
+            using T = std::remove_pointer_t<decltype(p)>;
+            if constexpr (std::is_same_v<T, std::string>)
               shown = '"' + *p + '"';
+            else if constexpr (std::is_same_v<T, bool>)
+              shown = *p ? "true" : "false";
             else
               shown = std::to_string(*p);
           },
@@ -242,7 +253,7 @@ void TrainConfig::resolve_batch(int dp_size) {
   if (global_batch % per_accum != 0)
     throw UserError("train.global_batch = " + std::to_string(global_batch) +
                         " is not a multiple of train.micro_batch (" + std::to_string(micro_batch) +
-                        ") x data-parallel ranks (" + std::to_string(dp_size) + ")",
+                        ") x data-parallel size (" + std::to_string(dp_size) + ")",
                     "choose a global batch that divides, or change micro_batch or the rank count");
   const int64_t derived = global_batch / per_accum;
   if (grad_accum != 0 && grad_accum != derived)
@@ -274,6 +285,15 @@ std::string TrainConfig::to_toml() const {
   std::ostringstream s;
   s << root << "\n";
   return s.str();
+}
+
+optim::AdamWParams TrainConfig::adamw() const {
+  return {static_cast<float>(beta1), static_cast<float>(beta2), static_cast<float>(eps),
+          static_cast<float>(weight_decay)};
+}
+
+optim::LrSchedule TrainConfig::schedule(double peak_lr) const {
+  return {peak_lr, warmup_steps, steps, min_lr_ratio};
 }
 
 }  // namespace loom::train

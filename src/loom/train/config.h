@@ -4,14 +4,18 @@
 // key as a hint), so a typo never silently trains with a default.
 //
 // Batch arithmetic: train.global_batch (sequences per optimizer step, over all
-// data-parallel ranks) = train.micro_batch x train.grad_accum x data-parallel size. Give
-// either global_batch or grad_accum (or both, consistent); resolve_batch() derives the
-// other, so the same file means the same optimisation on any number of ranks.
+// data-parallel ranks) = train.micro_batch x train.grad_accum x data-parallel size (the
+// ranks / (train.tp x train.pp)). Give either global_batch or grad_accum (or both,
+// consistent); resolve_batch() derives the other, so the same file means the same
+// optimisation on any number of ranks and any layout.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "loom/optim/adamw.h"
+#include "loom/optim/schedule.h"
 
 namespace loom::train {
 
@@ -27,10 +31,15 @@ struct TrainConfig {
   int64_t grad_accum = 0;    // 0: derived from global_batch
   int64_t global_batch = 0;  // 0: derived from grad_accum (default 1)
   int64_t seed = 1337;
-  std::string dtype = "fp32";      // fp32 | bf16 (bf16 products, fp32 master weights and sums)
-  int64_t threads = 0;             // OpenMP threads per rank; 0: the cores this rank may use
-  std::string recompute = "none";  // none | all | every_K
-  int64_t zero = 0;                // ZeRO stage 0-3 (docs/algorithms.md "ZeRO")
+  std::string dtype = "fp32";         // fp32 | bf16 (bf16 products, fp32 master weights and sums)
+  int64_t threads = 0;                // OpenMP threads per rank; 0: the cores this rank may use
+  std::string recompute = "none";     // none | all | every_K
+  int64_t zero = 0;                   // ZeRO stage 0-3 (docs/algorithms.md "ZeRO")
+  int64_t tp = 1;                     // tensor-parallel size (docs/algorithms.md)
+  int64_t pp = 1;                     // pipeline-parallel size (1: pipelines are not built yet)
+  std::string placement = "cluster";  // cluster (= DPT) | spread (= TPD) | an order of D, P, T
+  // [tp]
+  bool sequence_parallel = false;  // split LayerNorm/residual regions along the tokens
   // [zero]
   std::string shard_group = "world";  // world | node (shard inside a machine, replicate across)
   std::string comm_dtype = "fp32";    // fp32 | bf16: dtype of gradient reductions
@@ -63,6 +72,8 @@ struct TrainConfig {
   int recompute_every() const;
   // The resolved configuration as TOML (written to the run directory).
   std::string to_toml() const;
+  optim::AdamWParams adamw() const;
+  optim::LrSchedule schedule(double peak_lr) const;
 };
 
 }  // namespace loom::train

@@ -22,7 +22,9 @@
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/model/gpt.h"
 #include "loom/parallel/data_parallel.h"
-#include "loom/train/optimizer.h"
+#include "loom/parallel/mesh.h"
+#include "loom/parallel/process_groups.h"
+#include "loom/parallel/tensor_parallel.h"
 #include "loom/train/tensorboard.h"
 
 namespace loom::train {
@@ -68,14 +70,12 @@ double peak_rss_bytes() {
 class Trainer {
  public:
   Trainer(TrainConfig cfg, const TrainOptions& opt)
-      : cfg_(std::move(cfg)),
-        opt_(opt),
-        model_cfg_(model::GptConfig::named(cfg_.model_name)),
-        model_(model_cfg_, /*own_storage=*/false) {}
+      : cfg_(std::move(cfg)), opt_(opt), model_cfg_(model::GptConfig::named(cfg_.model_name)) {}
 
   int run();
 
  private:
+  void plan_layout();  // the mesh and everything about the input it must divide
   void open_data();
   void check_run_dir();
   void open_checkpoint();  // the newest checkpoint, checked against the config
@@ -85,14 +85,24 @@ class Trainer {
   void save(int64_t next_step);
   void log_step(int64_t step, float loss, double lr, double grad_norm, double step_s);
   bool chatty() const { return !opt_.quiet && (rank_ == 0 || all_ranks_log_); }
+  // Small collectives for the loop (timed as communication): sums over every rank and over
+  // the data-parallel group, a rank-major allgather over every rank, a barrier.
+  std::vector<double> world_sum(std::vector<double> v);
+  std::vector<double> dp_sum(std::vector<double> v);
+  std::vector<double> world_gather(const std::vector<double>& v);
+  void barrier();
 
   TrainConfig cfg_;
   TrainOptions opt_;
   model::GptConfig model_cfg_;
-  model::Gpt model_;
+  std::unique_ptr<model::Gpt> model_;
   comm::LaunchInfo launch_;
   int rank_ = 0, world_ = 1;
+  std::optional<parallel::Mesh> mesh_;
+  parallel::MeshCoord coord_;
+  parallel::ProcessGroups groups_;
   bool all_ranks_log_ = false;
+  std::unique_ptr<parallel::TensorParallel> tp_;
   std::unique_ptr<parallel::DataParallel> dp_;
   std::optional<data::TokenDataset> train_data_, val_data_;
   std::optional<ckpt::Reader> checkpoint_;  // the one to resume from, if any
@@ -112,7 +122,7 @@ void Trainer::open_data() {
                     "prepare one with `loom prep -i TEXT -o DIR` and set data.path=DIR");
   train_data_.emplace(data::TokenDataset::open(cfg_.data_path, "train"));
   const int B = static_cast<int>(cfg_.global_batch), T = static_cast<int>(cfg_.seq_len);
-  loader_.emplace(*train_data_, data::BatchShape{B, T, rank_, world_},
+  loader_.emplace(*train_data_, data::BatchShape{B, T, coord_.dp, mesh_->dp()},
                   static_cast<uint64_t>(cfg_.seed));
   if (cfg_.eval_every > 0) {
     val_data_.emplace(data::TokenDataset::open(cfg_.data_path, "val"));
@@ -158,18 +168,25 @@ int64_t Trainer::restore() {
 }
 
 void Trainer::save(int64_t next_step) {
+  dp_->check_replicas("the weights at step " + std::to_string(next_step), false);
   const std::vector<ckpt::Piece> pieces = dp_->checkpoint_pieces();
-  nlohmann::json meta = {
-      {"next_step", next_step},   {"loader_step", next_step},
-      {"seed", cfg_.seed},        {"model", model_cfg_.to_json()},
-      {"config", cfg_.to_toml()}, {"layout", {{"ranks", world_}, {"zero", cfg_.zero}}}};
+  const nlohmann::json layout = {{"ranks", world_},
+                                 {"dp", mesh_->dp()},
+                                 {"tp", mesh_->tp()},
+                                 {"pp", mesh_->pp()},
+                                 {"placement", mesh_->order()},
+                                 {"sequence_parallel", cfg_.sequence_parallel},
+                                 {"zero", cfg_.zero}};
+  nlohmann::json meta = {{"next_step", next_step},   {"loader_step", next_step},
+                         {"seed", cfg_.seed},        {"model", model_cfg_.to_json()},
+                         {"config", cfg_.to_toml()}, {"layout", layout}};
   ckpt::SaveOptions so;
   so.root = cfg_.run_dir + "/ckpt";
   so.step = next_step;
   so.keep = static_cast<int>(cfg_.ckpt_keep);
   so.rank = rank_;
   so.world = world_;
-  so.barrier = [this] { dp_->barrier(); };
+  so.barrier = [this] { barrier(); };
   ckpt::save(so, pieces, meta);
 }
 
@@ -188,46 +205,81 @@ float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop
   const float scale = cfg_.grad_clip > 0 && norm > cfg_.grad_clip
                           ? static_cast<float>(cfg_.grad_clip / norm)
                           : 1.0f;
-  dp_->optimizer_step(scale, lr, cfg_, step + 1);
-  // The mean loss over all ranks, and whether any rank was asked to stop (every rank must
-  // stop after the same step, or the checkpoint they save together would not match).
-  const auto sums = dp_->allreduce_sum(
+  dp_->optimizer_step(scale, lr, cfg_.adamw(), step + 1);
+  // The mean loss over all ranks (the tensor-parallel ranks of a replica compute the same
+  // loss), and whether any rank was asked to stop (every rank must stop after the same
+  // step, or the checkpoint they save together would not match).
+  const auto sums = world_sum(
       {loss_sum / static_cast<double>(cfg_.grad_accum), g_stop_signal.load() ? 1.0 : 0.0});
   *stop = sums[1] > 0;
   return static_cast<float>(sums[0] / world_);
 }
 
-// Each rank evaluates every world_-th batch; rounds stay in step on all ranks (ZeRO-3's
-// forward is collective), a rank past the end repeats a batch with weight 0.
+// Each data-parallel replica evaluates every dp-th batch; rounds stay in step on all ranks
+// (ZeRO-3's and tensor parallelism's forward are collective), a replica past the end
+// repeats a batch with weight 0.
 double Trainer::evaluate() {
   const int mb = static_cast<int>(cfg_.micro_batch), T = static_cast<int>(cfg_.seq_len);
   std::vector<int32_t> x(static_cast<size_t>(mb) * T), y(x.size());
   double sum = 0;
   const int64_t n = std::min<int64_t>(cfg_.eval_batches, val_loader_->steps_per_epoch());
-  for (int64_t first = 0; first < n; first += world_) {  // the same batches every time
-    const int64_t i = first + rank_;
+  for (int64_t first = 0; first < n; first += mesh_->dp()) {  // the same batches every time
+    const int64_t i = first + coord_.dp;
     val_loader_->batch(static_cast<uint64_t>(i % n), x.data(), y.data());
     const double loss = dp_->forward(x.data(), y.data(), mb, T);
     if (i < n) sum += loss;
   }
-  return dp_->allreduce_sum({sum})[0] / static_cast<double>(n);
+  return dp_sum({sum})[0] / static_cast<double>(n);
+}
+
+std::vector<double> Trainer::world_sum(std::vector<double> v) {
+  if (groups_.world)
+    dp_->timed([&] {
+      groups_.world->allreduce(v.data(), v.data(), v.size(), DType::kF64, comm::ReduceOp::kSum);
+    });
+  return v;
+}
+
+std::vector<double> Trainer::dp_sum(std::vector<double> v) {
+  if (groups_.dp)
+    dp_->timed([&] {
+      groups_.dp->allreduce(v.data(), v.data(), v.size(), DType::kF64, comm::ReduceOp::kSum);
+    });
+  return v;
+}
+
+std::vector<double> Trainer::world_gather(const std::vector<double>& v) {
+  if (!groups_.world) return v;
+  std::vector<double> all(v.size() * world_);
+  groups_.world->allgather(v.data(), all.data(), v.size(), DType::kF64);
+  return all;
+}
+
+void Trainer::barrier() {
+  if (groups_.world) groups_.world->barrier();
 }
 
 void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, double step_s) {
   // Per-rank memory: the model-state high-water mark (parameters, gradients, optimizer
-  // state, gathered buffers) and the process's peak RSS.
-  const auto mem = dp_->allgather({static_cast<double>(StateMemory::peak()), peak_rss_bytes()});
+  // state, gathered buffers), the activation buffers and the process's peak RSS.
+  const auto mem = world_gather({static_cast<double>(StateMemory::peak()), peak_rss_bytes(),
+                                 static_cast<double>(model_->activation_bytes())});
   const double comm_wait_ms = dp_->comm_wait_s() * 1e3;
   dp_->reset_comm_wait();
+  const double tp_comm_ms = tp_ ? tp_->counters().seconds * 1e3 : 0;
+  const double tp_comm_mb = tp_ ? tp_->counters().bytes / (1 << 20) : 0;
+  if (tp_) tp_->reset_counters();
   if (rank_ != 0) return;
   const double tokens = static_cast<double>(cfg_.global_batch) * cfg_.seq_len;
   const double tps = tokens / step_s;
   const double mfu =
       model_cfg_.flops_per_token(static_cast<int>(cfg_.seq_len)) * tps / (peak_gflops_ * 1e9);
-  nlohmann::json state_mb = nlohmann::json::array(), rss_mb = nlohmann::json::array();
+  nlohmann::json state_mb = nlohmann::json::array(), rss_mb = nlohmann::json::array(),
+                 act_mb = nlohmann::json::array();
   for (int q = 0; q < world_; ++q) {
-    state_mb.push_back(mem[2 * q] / (1 << 20));
-    rss_mb.push_back(mem[2 * q + 1] / (1 << 20));
+    state_mb.push_back(mem[3 * q] / (1 << 20));
+    rss_mb.push_back(mem[3 * q + 1] / (1 << 20));
+    act_mb.push_back(mem[3 * q + 2] / (1 << 20));
   }
   nlohmann::json j = {{"step", step + 1},
                       {"loss", loss},
@@ -238,7 +290,9 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
                       {"tokens_per_s", tps},
                       {"mfu", mfu},
                       {"state_peak_mb", state_mb},
-                      {"rss_peak_mb", rss_mb}};
+                      {"rss_peak_mb", rss_mb},
+                      {"activation_mb", act_mb}};
+  if (tp_) j["tp_comm_ms"] = tp_comm_ms, j["tp_comm_mb"] = tp_comm_mb;
   metrics_ << j.dump() << "\n";
   metrics_.flush();
   std::vector<std::pair<std::string, double>> scalars = {{"train/loss", loss},
@@ -248,6 +302,7 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
                                                          {"perf/comm_wait_ms", comm_wait_ms},
                                                          {"perf/tokens_per_s", tps},
                                                          {"perf/mfu", mfu}};
+  if (tp_) scalars.push_back({"perf/tp_comm_ms", tp_comm_ms});
   for (int q = 0; q < world_; ++q) {
     scalars.push_back({"memory/state_peak_mb/rank" + std::to_string(q), state_mb[q]});
     scalars.push_back({"memory/rss_peak_mb/rank" + std::to_string(q), rss_mb[q]});
@@ -256,14 +311,34 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   if (!opt_.quiet && ((step + 1) % cfg_.log_every == 0 || step + 1 == cfg_.steps)) {
     const double elapsed = std::chrono::duration<double>(Clock::now() - started_).count();
     const double per_step = elapsed / static_cast<double>(step + 1 - first_step_);
+    char tp_part[48] = "";
+    if (tp_) std::snprintf(tp_part, sizeof tp_part, ", tp %.0f", tp_comm_ms);
     std::printf(
         "step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.0f tok/s | MFU %4.1f%% | "
-        "%6.0f ms (comm wait %.0f) | ETA %s\n",
+        "%6.0f ms (comm wait %.0f%s) | ETA %s\n",
         static_cast<long long>(step + 1), static_cast<long long>(cfg_.steps), loss, lr, grad_norm,
-        tps, 100 * mfu, step_s * 1e3, comm_wait_ms,
+        tps, 100 * mfu, step_s * 1e3, comm_wait_ms, tp_part,
         format_duration(per_step * static_cast<double>(cfg_.steps - step - 1)).c_str());
     std::fflush(stdout);
   }
+}
+
+void Trainer::plan_layout() {
+  mesh_ = parallel::Mesh::build(world_, static_cast<int>(cfg_.tp), static_cast<int>(cfg_.pp),
+                                cfg_.placement);
+  coord_ = mesh_->coord(rank_);
+  model_cfg_.validate_split(mesh_->tp());
+  cfg_.resolve_batch(mesh_->dp());
+  if (cfg_.seq_len > model_cfg_.block_size)
+    throw UserError("train.seq_len = " + std::to_string(cfg_.seq_len) + " exceeds the context of " +
+                        model_cfg_.name + " (" + std::to_string(model_cfg_.block_size) + ")",
+                    "lower train.seq_len or pick a model with a longer context");
+  if (cfg_.sequence_parallel && (cfg_.micro_batch * cfg_.seq_len) % cfg_.tp != 0)
+    throw UserError("tp.sequence_parallel splits the " +
+                        std::to_string(cfg_.micro_batch * cfg_.seq_len) +
+                        " token rows of a micro-batch (micro_batch x seq_len) over train.tp = " +
+                        std::to_string(cfg_.tp) + " ranks, which does not divide them",
+                    "make train.micro_batch x train.seq_len a multiple of train.tp");
 }
 
 int Trainer::run() {
@@ -273,11 +348,7 @@ int Trainer::run() {
   all_ranks_log_ = std::getenv("LOOM_LOG_ALL_RANKS") != nullptr;
   // Everything that can be wrong with the input is checked here, on every rank, before
   // any rank connects or writes.
-  cfg_.resolve_batch(world_);
-  if (cfg_.seq_len > model_cfg_.block_size)
-    throw UserError("train.seq_len = " + std::to_string(cfg_.seq_len) + " exceeds the context of " +
-                        model_cfg_.name + " (" + std::to_string(model_cfg_.block_size) + ")",
-                    "lower train.seq_len or pick a model with a longer context");
+  plan_layout();
   const int threads =
       cfg_.threads > 0
           ? static_cast<int>(cfg_.threads)
@@ -285,19 +356,25 @@ int Trainer::run() {
   omp_set_num_threads(threads);
   const auto precision =
       cfg_.dtype == "bf16" ? kernels::cpu::Precision::kBF16 : kernels::cpu::Precision::kF32;
-  model_.set_precision(precision);
-  model_.set_recompute_every(cfg_.recompute_every());
+  model_ = std::make_unique<model::Gpt>(
+      model_cfg_, /*own_storage=*/false,
+      model::TensorSplit{mesh_->tp(), coord_.tp, cfg_.sequence_parallel});
+  model_->set_precision(precision);
+  model_->set_recompute_every(cfg_.recompute_every());
   open_data();
   check_run_dir();
   open_checkpoint();
 
-  std::shared_ptr<comm::Communicator> world;
-  if (world_ > 1) world = comm::init_from_env();
+  groups_ = parallel::make_process_groups(world_ > 1 ? comm::init_from_env() : nullptr, *mesh_);
+  if (groups_.tp) {
+    tp_ = std::make_unique<parallel::TensorParallel>(groups_.tp);
+    model_->set_tp_comm(tp_.get());
+  }
   parallel::DpOptions dpo;
   dpo.zero = static_cast<int>(cfg_.zero);
   dpo.shard_within_node = cfg_.shard_group == "node";
   dpo.comm_bf16 = cfg_.comm_dtype == "bf16";
-  dp_ = std::make_unique<parallel::DataParallel>(model_, world, dpo);
+  dp_ = std::make_unique<parallel::DataParallel>(*model_, groups_.dp, groups_.tp, dpo);
   if (rank_ == 0) {
     fs::create_directories(cfg_.run_dir);
     write_file_atomic(cfg_.run_dir + "/config.toml", cfg_.to_toml());
@@ -313,29 +390,34 @@ int Trainer::run() {
   }
   const double my_peak =
       cfg_.peak_gflops > 0 ? cfg_.peak_gflops : kernels::cpu::measure_peak_gflops(precision);
-  peak_gflops_ = dp_->allreduce_sum({my_peak})[0];
-  peak_lr_ = cfg_.lr_scale == "linear" ? cfg_.lr * world_ : cfg_.lr;
+  peak_gflops_ = world_sum({my_peak})[0];
+  peak_lr_ = cfg_.lr_scale == "linear" ? cfg_.lr * mesh_->dp() : cfg_.lr;
   x_.resize(static_cast<size_t>(cfg_.micro_batch * cfg_.grad_accum * cfg_.seq_len));
   y_.resize(x_.size());
-  if (chatty())
+  if (chatty()) {
+    double params = 0;  // the whole model's, whatever this rank holds of it
+    for (const model::Tensor& t : model_->tensors()) params += static_cast<double>(numel(t.shape));
     std::printf(
         "loom: training %s (%.1fM parameters) on %s: %lld steps of %lld sequences x %lld "
-        "tokens (micro-batch %lld x %lld accumulation x %d ranks, ZeRO %lld), %s, threads per "
-        "rank: "
-        "%d, MFU peak %.0f GFLOP/s\n",
-        model_cfg_.name.c_str(), model_.num_params() / 1e6, cfg_.data_path.c_str(),
+        "tokens (micro-batch %lld x %lld accumulation x %d data-parallel, ZeRO %lld), %s, "
+        "threads per rank: %d, MFU peak %.0f GFLOP/s\n",
+        model_cfg_.name.c_str(), params / 1e6, cfg_.data_path.c_str(),
         static_cast<long long>(cfg_.steps), static_cast<long long>(cfg_.global_batch),
         static_cast<long long>(cfg_.seq_len), static_cast<long long>(cfg_.micro_batch),
-        static_cast<long long>(cfg_.grad_accum), world_, static_cast<long long>(cfg_.zero),
+        static_cast<long long>(cfg_.grad_accum), mesh_->dp(), static_cast<long long>(cfg_.zero),
         cfg_.dtype.c_str(), threads, peak_gflops_);
+    std::printf("loom: layout %s%s\n", mesh_->describe().c_str(),
+                cfg_.sequence_parallel && mesh_->tp() > 1 ? ", sequence parallel" : "");
+  }
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   started_ = Clock::now();
+  const optim::LrSchedule schedule = cfg_.schedule(peak_lr_);
   int64_t saved_at = first_step_;
   dp_->reset_comm_wait();
   for (int64_t step = first_step_; step < cfg_.steps; ++step) {
     const auto t0 = Clock::now();
-    const double lr = learning_rate(cfg_, peak_lr_, step);
+    const double lr = schedule.at(step);
     double norm = 0;
     bool stop = false;
     const float loss = train_step(step, lr, &norm, &stop);

@@ -21,6 +21,17 @@ void encoder_forward(float* out, const int* tokens, const float* wte, const floa
                      int T, int C);
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T,
                       int C);
+// The two halves of the encoder for a vocabulary shard (tensor parallelism): wte_shard
+// (Vl,C) holds rows [vbegin, vbegin + Vl) of wte; tokens (N).
+// out (N,C) = the token's row where the shard holds it, 0 elsewhere.
+void embedding_shard_forward(float* out, const int* tokens, const float* wte_shard, int vbegin,
+                             int Vl, int N, int C);
+void embedding_shard_backward(float* dwte_shard, const float* dout, const int* tokens, int vbegin,
+                              int Vl, int N, int C);
+// out (R,C) += wpe[position of row]: rows [row_begin, row_begin + R) of the (B,T) token
+// rows, so a row's position is its index mod T.
+void position_forward(float* out, const float* wpe, int row_begin, int R, int T, int C);
+void position_backward(float* dwpe, const float* dout, int row_begin, int R, int T, int C);
 
 // out (N,C) = (inp - mean) * rstd * weight + bias, per row; mean, rstd (N) are saved.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -35,6 +46,8 @@ void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weigh
                     const float* bias, int N, int C, int OC);
 void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int N, int C, int OC);
+// out (N,OC) += bias (OC) on every row (a row-parallel linear's bias, after its reduction).
+void bias_forward(float* out, const float* bias, int N, int OC);
 
 // Causal multi-head self-attention. inp (B,T,3C) holds q, k, v; out (B,T,C);
 // att (B,NH,T,T) = softmax of the scaled, masked q.k, saved for backward.
@@ -62,6 +75,23 @@ void crossentropy_forward(float* losses, const float* probs, const int* targets,
 // thus hold logits, probabilities and their gradient in turn.
 void crossentropy_softmax_backward_inplace(float* probs, float dloss, const int* targets, int N,
                                            int V, int Vp);
+
+// The local parts of a vocab-parallel softmax + cross-entropy: logits (N,Vl) hold columns
+// [vbegin, vbegin + Vl) of the (N,Vp) logits, the first `valid` of them real vocabulary
+// (the rest padding). model/vocab_parallel_loss.h combines them across ranks.
+// maxv (N) = the row maxima over the real columns (-inf when there are none).
+void logits_shard_max(float* maxv, const float* logits, int N, int Vl, int valid);
+// picked (N) = the target's logit where this shard holds the target, 0 elsewhere.
+void logits_shard_target(float* picked, const float* logits, const int* targets, int N, int Vl,
+                         int vbegin, int valid);
+// In place: logits -> e^(logit - maxv[row]) on real columns, 0 on padding; sums (N) = row sums.
+void softmax_shard_exp(float* logits, float* sums, const float* maxv, int N, int Vl, int valid);
+// probs (N,Vl) *= 1/sums[row].
+void softmax_shard_scale(float* probs, const float* sums, int N, int Vl, int valid);
+// In place: probs -> (probs - onehot(target)) * dloss, the target subtracted by the shard
+// that holds it.
+void crossentropy_shard_backward_inplace(float* probs, float dloss, const int* targets, int N,
+                                         int Vl, int vbegin, int valid);
 
 // One AdamW step (PyTorch's formulation, decoupled weight decay), t >= 1, on
 // grads * grad_scale.

@@ -30,6 +30,24 @@ LOOM_VECTOR_CLONES void scale_row(float* p, float s, int V) {
 #pragma omp simd
   for (int i = 0; i < V; ++i) p[i] *= s;
 }
+
+LOOM_VECTOR_CLONES float max_of_row(const float* l, int n) {
+  float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int i = 0; i < n; ++i) m = l[i] > m ? l[i] : m;
+  return m;
+}
+
+// p[i] = e^(p[i] - m) in place; returns the sum.
+LOOM_VECTOR_CLONES float exp_row(float* p, float m, int n) {
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int i = 0; i < n; ++i) {
+    p[i] = exp_approx(p[i] - m);
+    sum += p[i];
+  }
+  return sum;
+}
 }  // namespace
 
 void softmax_forward(float* probs, const float* logits, int N, int V, int Vp) {
@@ -50,6 +68,46 @@ void crossentropy_softmax_backward_inplace(float* probs, float dloss, const int*
     float* p = probs + static_cast<size_t>(n) * Vp;
     scale_row(p, dloss, V);
     p[targets[n]] -= dloss;
+  }
+}
+
+// ---- vocabulary shards ----
+
+void logits_shard_max(float* maxv, const float* logits, int N, int Vl, int valid) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) maxv[n] = max_of_row(logits + static_cast<size_t>(n) * Vl, valid);
+}
+
+void logits_shard_target(float* picked, const float* logits, const int* targets, int N, int Vl,
+                         int vbegin, int valid) {
+  for (int n = 0; n < N; ++n) {
+    const int i = targets[n] - vbegin;
+    picked[n] = i >= 0 && i < valid ? logits[static_cast<size_t>(n) * Vl + i] : 0.0f;
+  }
+}
+
+void softmax_shard_exp(float* logits, float* sums, const float* maxv, int N, int Vl, int valid) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    float* p = logits + static_cast<size_t>(n) * Vl;
+    sums[n] = exp_row(p, maxv[n], valid);
+    for (int i = valid; i < Vl; ++i) p[i] = 0;
+  }
+}
+
+void softmax_shard_scale(float* probs, const float* sums, int N, int Vl, int valid) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) scale_row(probs + static_cast<size_t>(n) * Vl, 1.0f / sums[n], valid);
+}
+
+void crossentropy_shard_backward_inplace(float* probs, float dloss, const int* targets, int N,
+                                         int Vl, int vbegin, int valid) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    float* p = probs + static_cast<size_t>(n) * Vl;
+    scale_row(p, dloss, valid);
+    const int i = targets[n] - vbegin;
+    if (i >= 0 && i < valid) p[i] -= dloss;
   }
 }
 

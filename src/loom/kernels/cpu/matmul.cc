@@ -11,7 +11,10 @@ namespace loom::kernels::cpu {
 void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weight,
                     const float* bias, int N, int C, int OC) {
   gemm.run({N, OC, C}, {inp, C, 1}, {weight, 1, C}, {out, OC, 1}, 1.0f, false);
-  if (!bias) return;
+  if (bias) bias_forward(out, bias, N, OC);
+}
+
+void bias_forward(float* out, const float* bias, int N, int OC) {
 #pragma omp parallel for
   for (int n = 0; n < N; ++n)
     for (int o = 0; o < OC; ++o) out[static_cast<size_t>(n) * OC + o] += bias[o];

@@ -1,0 +1,35 @@
+#include "loom/parallel/process_groups.h"
+
+#include <algorithm>
+
+#include "loom/core/check.h"
+
+namespace loom::parallel {
+
+namespace {
+// The communicator of `members` (this rank among them, or not when empty); every rank of
+// the world calls this for each of its groups in the same order. A group is named by its
+// first member; a rank's key is its place in the group.
+std::shared_ptr<comm::Communicator> group_of(comm::Communicator& world,
+                                             const std::vector<int>& members) {
+  const auto it = std::find(members.begin(), members.end(), world.rank());
+  const bool member = it != members.end() && members.size() > 1;
+  return world.split(member ? members.front() : -1,
+                     member ? static_cast<int>(it - members.begin()) : 0);
+}
+}  // namespace
+
+ProcessGroups make_process_groups(std::shared_ptr<comm::Communicator> world, const Mesh& mesh) {
+  ProcessGroups g;
+  if (!world) return g;
+  LOOM_CHECK_EQ(world->size(), mesh.world());
+  const int r = world->rank();
+  g.world = world;
+  g.dp = group_of(*world, mesh.group('D', r));
+  g.tp = group_of(*world, mesh.group('T', r));
+  g.pp = group_of(*world, mesh.group('P', r));
+  g.embedding = group_of(*world, mesh.embedding_group(r));
+  return g;
+}
+
+}  // namespace loom::parallel
