@@ -1,8 +1,14 @@
-"""Helpers shared by the end-to-end test scripts (train_e2e.py, dp_e2e.py, tests/torch)."""
+"""Helpers shared by the end-to-end test scripts (train_e2e.py, dp_e2e.py, tp_e2e.py,
+tests/torch)."""
+import hashlib
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+
+TOL = 1e-5  # per-step losses of two layouts of the same optimisation, relative
 
 
 def fail(msg):
@@ -30,3 +36,74 @@ def free_port():
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def run(cmd, expect_rc=0, env=None, timeout=300):
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if expect_rc is not None and p.returncode != expect_rc:
+        fail("%s exited %d (expected %d)\nstdout:\n%s\nstderr:\n%s" %
+             (" ".join(cmd), p.returncode, expect_rc, p.stdout[-3000:], p.stderr[-3000:]))
+    return p
+
+
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def losses(run_dir):
+    return {m["step"]: m["loss"] for m in metrics(run_dir) if "loss" in m}
+
+
+def compare(name, got, want, tol=TOL, steps=None):
+    """Per-step losses got vs want within tol relative (over `steps`, default all of want)."""
+    steps = steps or sorted(want)
+    if sorted(got) != sorted(steps):
+        fail("%s: steps %s, expected %s" % (name, sorted(got), steps))
+    worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in steps)
+    if worst > tol:
+        rows = ["  step %d: %.9f vs %.9f" % (s, got[s], want[s]) for s in steps]
+        fail("%s: losses differ by %.2e relative (tolerance %.0e)\n%s" % (name, worst, tol,
+                                                                        "\n".join(rows)))
+    print("ok  %-48s max rel diff %.1e over %d steps" % (name, worst, len(steps)))
+
+
+def tree_digest(path):
+    """A digest of every file name and byte under path (to prove nothing was changed)."""
+    h = hashlib.sha256()
+    for root, dirs, files in sorted(os.walk(path)):
+        dirs.sort()
+        for name in sorted(files):
+            p = os.path.join(root, name)
+            h.update(p.encode())
+            with open(p, "rb") as f:
+                h.update(f.read())
+    return h.hexdigest()
+
+
+class Trainer:
+    """`loom train` on the prepared data with a small fixed optimisation: global batch 8 of
+    32 tokens (micro-batch 2), lr 3e-3, 5 warmup steps. train(dir, n) runs it on n ranks
+    under `loom run` (one process for n = 1)."""
+
+    def __init__(self, loom, data):
+        self.loom, self.data = loom, data
+
+    def args(self, run_dir, *extra, steps=20):
+        return ["train", "--set", "data.path=" + self.data, "--set", "run.dir=" + run_dir,
+                "--set", "train.steps=%d" % steps, "--set", "train.global_batch=8",
+                "--set", "train.micro_batch=2", "--set", "train.seq_len=32",
+                "--set", "optim.lr=3e-3", "--set", "optim.warmup_steps=5",
+                "--set", "metrics.peak_gflops=100", "--quiet", *extra]
+
+    def launch(self, n, run_dir, *extra, steps=20):
+        """The command line of n ranks training into run_dir."""
+        if n == 1:
+            return [self.loom] + self.args(run_dir, *extra, steps=steps)
+        return [self.loom, "run", "-n", str(n), self.loom] + self.args(run_dir, *extra,
+                                                                       steps=steps)
+
+    def train(self, run_dir, n=1, *extra, steps=20, rc=0):
+        if "--resume" not in extra:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return run(self.launch(n, run_dir, *extra, steps=steps), rc)

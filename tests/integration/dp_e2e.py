@@ -18,8 +18,6 @@
                                       by hand with their own LOOM_HOST_ID) with
                                       zero.shard_group = node match the one-process losses
 """
-import hashlib
-import json
 import os
 import re
 import shutil
@@ -28,55 +26,18 @@ import subprocess
 import sys
 import time
 
-from common import fail, free_port, prepare_data  # noqa: E402
+from common import (TOL, Trainer, compare, fail, free_port, losses, metrics,  # noqa: E402
+                    prepare_data, run, tree_digest)
 
 LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
-TOL = 1e-5
 
 
 def train_args(run_dir, *extra, steps=20):
-    # global batch 8 = micro 2 x accumulation 4 (1 rank) = 2 x 2 (2 ranks) = 2 x 1 (4 ranks)
-    return ["train", "--set", "data.path=" + DATA, "--set", "run.dir=" + run_dir,
-            "--set", "train.steps=%d" % steps, "--set", "train.global_batch=8",
-            "--set", "train.micro_batch=2", "--set", "train.seq_len=32", "--set", "optim.lr=3e-3",
-            "--set", "optim.warmup_steps=5", "--set", "metrics.peak_gflops=100", "--quiet", *extra]
-
-
-def run(cmd, expect_rc=0, env=None, timeout=300):
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    if expect_rc is not None and p.returncode != expect_rc:
-        fail("%s exited %d (expected %d)\nstdout:\n%s\nstderr:\n%s" %
-             (" ".join(cmd), p.returncode, expect_rc, p.stdout[-3000:], p.stderr[-3000:]))
-    return p
+    return TRAINER.args(run_dir, *extra, steps=steps)
 
 
 def train(run_dir, n=1, *extra, steps=20, rc=0):
-    if "--resume" not in extra:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    if n == 1:
-        return run([LOOM] + train_args(run_dir, *extra, steps=steps), rc)
-    return run([LOOM, "run", "-n", str(n), LOOM] + train_args(run_dir, *extra, steps=steps), rc)
-
-
-def metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def losses(run_dir):
-    return {m["step"]: m["loss"] for m in metrics(run_dir) if "loss" in m}
-
-
-def compare(name, got, want, tol=TOL, steps=None):
-    steps = steps or sorted(want)
-    if sorted(got) != sorted(steps):
-        fail("%s: steps %s, expected %s" % (name, sorted(got), steps))
-    worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in steps)
-    if worst > tol:
-        rows = ["  step %d: %.9f vs %.9f" % (s, got[s], want[s]) for s in steps]
-        fail("%s: losses differ by %.2e relative (tolerance %.0e)\n%s" % (name, worst, tol,
-                                                                        "\n".join(rows)))
-    print("ok  %-40s max rel diff %.1e over %d steps" % (name, worst, len(steps)))
+    return TRAINER.train(run_dir, n, *extra, steps=steps, rc=rc)
 
 
 # ---- tiny's unit sizes (src/loom/model/gpt.cc), for ZeRO's memory formulas ----
@@ -157,18 +118,6 @@ def equivalence():
     # unit of stages 2-3 costs about what sharding saves: only these orders hold for it.)
     if not (z0[(4, 1)] < z0[(4, 0)] and z0[(4, 3)] < z0[(4, 0)] and z0[(4, 3)] < z0[(2, 3)]):
         fail("model state should shrink with sharding: %s" % z0)
-
-
-def tree_digest(path):
-    h = hashlib.sha256()
-    for root, dirs, files in sorted(os.walk(path)):
-        dirs.sort()
-        for name in sorted(files):
-            p = os.path.join(root, name)
-            h.update(p.encode())
-            with open(p, "rb") as f:
-                h.update(f.read())
-    return h.hexdigest()
 
 
 def children(pid):
@@ -399,6 +348,6 @@ def launchers():
              "(a 4-rank one holds %.2f)" % (per_rank, want, not_want))
 
 
-DATA = prepare_data(LOOM, WORK)
+TRAINER = Trainer(LOOM, prepare_data(LOOM, WORK))
 {"equivalence": equivalence, "resume": resume, "launchers": launchers}[MODE]()
 print("PASS", MODE)

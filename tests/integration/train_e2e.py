@@ -9,7 +9,6 @@
   train_e2e.py LOOM WORKDIR bf16     200 steps of tiny: bf16 loss within 2% of fp32's
 """
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -18,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from common import fail, prepare_data  # noqa: E402
+from common import fail, metrics, prepare_data, run  # noqa: E402
 
 LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -31,21 +30,9 @@ def train_cmd(run_dir, *extra):
             "--set", "optim.warmup_steps=5", "--quiet", *extra]
 
 
-def metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def losses(run_dir):
     # json floats are shortest round-trip: equal text <=> equal float bits
     return {(m["step"], k): repr(m[k]) for m in metrics(run_dir) for k in ("loss", "val_loss") if k in m}
-
-
-def run(cmd, expect_rc=0):
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != expect_rc:
-        fail(f"{' '.join(cmd)} exited {p.returncode}, expected {expect_rc}\n{p.stdout}\n{p.stderr}")
-    return p
 
 
 def wait_for(path, proc, timeout=120):

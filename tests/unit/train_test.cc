@@ -5,9 +5,11 @@
 #include <barrier>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <thread>
 
 #include "loom/ckpt/checkpoint.h"
+#include "loom/core/checksum.h"
 #include "loom/core/error.h"
 #include "loom/train/config.h"
 #include "loom/train/tensorboard.h"
@@ -168,6 +170,65 @@ TEST(Checkpoint, ShardedSaveReadsBackAnyRange) {
             std::string::npos);
   EXPECT_EQ(error_of([&] { rd.read("param/w", 0, 10, got.data()); }),
             "");  // rank 0's piece is fine
+}
+
+// Four writers as tensor parallelism x ZeRO write them: tp rank t holds the column box
+// [3t, 3t+3) of a (4, 6) tensor, dp rank d the range [6d, 6d+6) of that box. Any region of
+// any other split reads back; so does a format-1 checkpoint (whole-tensor ranges) of the
+// same elements under another shape.
+TEST(Checkpoint, BoxesOfTensorParallelShardsReadBackInAnyLayout) {
+  auto root = temp_dir("ckptbox");
+  std::vector<float> whole(24);
+  std::iota(whole.begin(), whole.end(), 0.0f);  // element = its flat index
+  std::barrier sync(4);
+  auto rank = [&](int r) {
+    const int t = r % 2, d = r / 2;
+    std::vector<float> box;  // rows of columns 3t..3t+2, row-major in the box
+    for (int row = 0; row < 4; ++row)
+      for (int c = 0; c < 3; ++c) box.push_back(whole[row * 6 + 3 * t + c]);
+    ckpt::SaveOptions o{root, 1, r, 4, 2, [&] { sync.arrive_and_wait(); }};
+    ckpt::save(o, {{"param/w", {4, 6}, {{0, 3 * t}, {4, 3}, 6 * d, 6}, box.data() + 6 * d}},
+               {{"next_step", 1}});
+  };
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 4; ++r) ts.emplace_back(rank, r);
+  for (auto& t : ts) t.join();
+  ckpt::Reader rd(ckpt::latest(root));
+  std::vector<float> got(24);
+  rd.read("param/w", {4, 6}, {{}, {}, 0, 24}, got.data());
+  EXPECT_EQ(got, whole);
+  rd.read("param/w", {4, 6}, {{1, 0}, {2, 6}, 0, 12}, got.data());  // rows 1-2
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(got[i], 6 + i);
+  // tp 4's second column box (columns 1-2), elements 1..5 of it.
+  rd.read("param/w", {4, 6}, {{0, 1}, {4, 2}, 1, 5}, got.data());
+  EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + 5),
+            (std::vector<float>{2, 7, 8, 13, 14}));
+  EXPECT_NE(error_of([&] {
+              rd.read("param/w", {3, 8}, {{}, {}, 0, 24}, got.data());
+            }).find("stored with another shape"),
+            std::string::npos);
+  // Format 1: a (6, 4) tensor in two flat ranges, read as (4, 6) by flat index.
+  const std::string v1 = root + "/v1";
+  fs::create_directories(v1);
+  std::ofstream(v1 + "/data-00000.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(whole.data()), 24 * sizeof(float));
+  nlohmann::json pieces = nlohmann::json::array();
+  for (int h = 0; h < 2; ++h)
+    pieces.push_back({{"file", "data-00000.bin"},
+                      {"offset", h * 12 * sizeof(float)},
+                      {"begin", 12 * h},
+                      {"count", 12},
+                      {"checksum", checksum64(whole.data() + 12 * h, 12 * sizeof(float))}});
+  nlohmann::json manifest = {
+      {"format", "loom-checkpoint"},
+      {"version", 1},
+      {"meta", {{"next_step", 3}}},
+      {"tensors", {{"param/w", {{"shape", {6, 4}}, {"dtype", "f32"}, {"pieces", pieces}}}}}};
+  std::ofstream(v1 + "/manifest.json") << manifest.dump();
+  ckpt::Reader old(v1);
+  old.read("param/w", {4, 6}, {{0, 3}, {4, 3}, 0, 12}, got.data());
+  EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + 12),
+            (std::vector<float>{3, 4, 5, 9, 10, 11, 15, 16, 17, 21, 22, 23}));
 }
 
 TEST(Checkpoint, InterruptedSaveLeavesThePreviousOneAndKeepPrunes) {

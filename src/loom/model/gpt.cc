@@ -259,16 +259,16 @@ void Gpt::allocate(int B, int T) {
   for (auto* v : {&loss_max_, &loss_sum_, &loss_target_}) v->assign(tp_ > 1 ? N : 0, 0);
 }
 
-size_t Gpt::activation_bytes() const {
+size_t Gpt::block_activation_bytes() const {
   size_t n = 0;
-  auto add_block = [&](const BlockActs& a) {
-    for (const auto* v : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att, &a.atty, &a.res2,
-                          &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.fch, &a.fch_gelu})
-      n += v->size();
-  };
-  for (const auto& r : resid_) n += r.size();
-  for (const auto& b : blocks_) add_block(b);
-  add_block(recompute_acts_);
+  for (size_t l = 0; l < blocks_.size(); ++l) n += resid_[l].size() + blocks_[l].floats();
+  return n * sizeof(float);
+}
+
+size_t Gpt::activation_bytes() const {
+  size_t n = block_activation_bytes() / sizeof(float);
+  n += resid_.empty() ? 0 : resid_.back().size();  // the last block's output
+  n += recompute_acts_.floats();
   for (const auto* v : {&proj_,    &proj_rows_,  &gathered_, &lnf_,      &lnf_mean_, &lnf_rstd_,
                         &lnf_all_, &logits_,     &losses_,   &loss_max_, &loss_sum_, &loss_target_,
                         &dx_,      &d_ln1_,      &d_qkv_,    &d_att_,    &d_atty_,   &d_ln2_,

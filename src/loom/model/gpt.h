@@ -127,11 +127,22 @@ class Gpt {
   const float* logits() const { return logits_.data(); }
   // Bytes of activation buffers currently allocated.
   size_t activation_bytes() const;
+  // Of them, what the blocks keep for backward: each block's input on the residual stream
+  // and the tensors of BlockActs (Korthikanti et al.'s per-layer activation memory, summed
+  // over the layers; the logits and one block's scratch are not in it).
+  size_t block_activation_bytes() const;
 
  private:
   struct BlockActs {  // what one block's backward reads
     std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch,
         fch_gelu;
+    size_t floats() const {
+      size_t n = 0;
+      for (const auto* v : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &res2, &ln2, &ln2_mean,
+                            &ln2_rstd, &fch, &fch_gelu})
+        n += v->size();
+      return n;
+    }
   };
   void allocate(int B, int T);
   bool recomputed(int l) const { return recompute_every_ > 0 && l % recompute_every_ == 0; }

@@ -263,7 +263,8 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   // Per-rank memory: the model-state high-water mark (parameters, gradients, optimizer
   // state, gathered buffers), the activation buffers and the process's peak RSS.
   const auto mem = world_gather({static_cast<double>(StateMemory::peak()), peak_rss_bytes(),
-                                 static_cast<double>(model_->activation_bytes())});
+                                 static_cast<double>(model_->activation_bytes()),
+                                 static_cast<double>(model_->block_activation_bytes())});
   const double comm_wait_ms = dp_->comm_wait_s() * 1e3;
   dp_->reset_comm_wait();
   const double tp_comm_ms = tp_ ? tp_->counters().seconds * 1e3 : 0;
@@ -275,11 +276,12 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   const double mfu =
       model_cfg_.flops_per_token(static_cast<int>(cfg_.seq_len)) * tps / (peak_gflops_ * 1e9);
   nlohmann::json state_mb = nlohmann::json::array(), rss_mb = nlohmann::json::array(),
-                 act_mb = nlohmann::json::array();
+                 act_mb = nlohmann::json::array(), block_act_mb = nlohmann::json::array();
   for (int q = 0; q < world_; ++q) {
-    state_mb.push_back(mem[3 * q] / (1 << 20));
-    rss_mb.push_back(mem[3 * q + 1] / (1 << 20));
-    act_mb.push_back(mem[3 * q + 2] / (1 << 20));
+    state_mb.push_back(mem[4 * q] / (1 << 20));
+    rss_mb.push_back(mem[4 * q + 1] / (1 << 20));
+    act_mb.push_back(mem[4 * q + 2] / (1 << 20));
+    block_act_mb.push_back(mem[4 * q + 3] / (1 << 20));
   }
   nlohmann::json j = {{"step", step + 1},
                       {"loss", loss},
@@ -291,7 +293,8 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
                       {"mfu", mfu},
                       {"state_peak_mb", state_mb},
                       {"rss_peak_mb", rss_mb},
-                      {"activation_mb", act_mb}};
+                      {"activation_mb", act_mb},
+                      {"block_activation_mb", block_act_mb}};
   if (tp_) j["tp_comm_ms"] = tp_comm_ms, j["tp_comm_mb"] = tp_comm_mb;
   metrics_ << j.dump() << "\n";
   metrics_.flush();
