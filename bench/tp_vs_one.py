@@ -12,8 +12,11 @@
     them) next to Megatron's volume per layer: 4 allreduces (2 forward, 2 backward) of sbh.
 
     /usr/bin/python3 bench/tp_vs_one.py LOOM DATA_DIR [--models small,gpt2-124m] [--steps 6]
+                                                      [--repeats 3]
 
-Medians over the steps after the first. Prints markdown tables.
+Each loom configuration runs --repeats times, round-robin (the machine's speed drifts by
+~10% over minutes); a figure is the median over runs of each run's median over the steps
+after the first. Prints markdown tables.
 """
 import argparse
 import json
@@ -102,13 +105,16 @@ def main():
     ap.add_argument("data")
     ap.add_argument("--models", default="small,gpt2-124m")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     speed, memory, comm = [], [], []
     for name in a.models.split(","):
         L, NH, C, T, B = SHAPES[name]
-        one = loom(a.loom, a.data, name, a.steps, 1, False, 2)
-        tp = loom(a.loom, a.data, name, a.steps, 2, False, 1)
-        tps = loom(a.loom, a.data, name, a.steps, 2, True, 1)
+        configs = ((1, False, 2), (2, False, 1), (2, True, 1))  # (tp, sequence parallel, threads)
+        runs = [[loom(a.loom, a.data, name, a.steps, *c) for c in configs]
+                for _ in range(a.repeats)]
+        one, tp, tps = ({k: statistics.median(r[i][k] for r in runs) for k in runs[0][i]}
+                        for i in range(len(configs)))
         pt = pytorch(name, a.steps)
         tokens = B * T
         for label, r in (("loom, 1 process x 2 threads", one), ("loom tp 2 x 1 thread", tp),

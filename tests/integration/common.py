@@ -103,6 +103,16 @@ class Trainer:
         return [self.loom, "run", "-n", str(n), self.loom] + self.args(run_dir, *extra,
                                                                        steps=steps)
 
+    def mpirun(self, n, run_dir, *extra, steps=20):
+        """The same training started by OpenMPI's mpirun with n ranks."""
+        mpirun = shutil.which("mpirun")
+        if not mpirun:
+            fail("mpirun not found (scripts/setup.sh installs openmpi-bin)")
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(n), self.loom] +
+                   self.args(run_dir, *extra, steps=steps),
+                   env=dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none"))
+
     def train(self, run_dir, n=1, *extra, steps=20, rc=0):
         if "--resume" not in extra:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -300,14 +300,8 @@ def launchers():
     shutil.rmtree(base_dir, ignore_errors=True)
     train(base_dir, 1)
     base = losses(base_dir)
-    mpirun = shutil.which("mpirun")
-    if not mpirun:
-        fail("mpirun not found (scripts/setup.sh installs openmpi-bin)")
     d = os.path.join(WORK, "ln_mpi")
-    shutil.rmtree(d, ignore_errors=True)
-    run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", LOOM] +
-        train_args(d, "--set", "train.zero=2"),
-        env=dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none"))
+    TRAINER.mpirun(2, d, "--set", "train.zero=2")
     compare("mpirun -np 2 zero=2", losses(d), base)
 
     # The environment Slurm's srun gives its tasks (no Slurm here: the variables are what

@@ -1,7 +1,6 @@
 #include "loom/parallel/data_parallel.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -14,7 +13,6 @@
 namespace loom::parallel {
 using comm::ReduceOp;
 using loom::DType;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
