@@ -69,9 +69,9 @@ TEST(Mesh, TableOfLayoutsInEveryOrder) {
   struct Layout {
     int world, tp, pp;
   };
-  const std::vector<Layout> table = {{1, 1, 1},  {2, 2, 1},  {2, 1, 2},  {4, 2, 2}, {8, 2, 2},
+  const std::vector<Layout> table = {{1, 1, 1},  {2, 2, 1},  {2, 1, 2},  {4, 2, 2},  {8, 2, 2},
                                      {8, 4, 1},  {8, 1, 4},  {12, 2, 3}, {16, 4, 2}, {24, 2, 3},
-                                     {32, 8, 2}, {64, 4, 4}, {96, 8, 3}, {6, 3, 1}, {30, 5, 3}};
+                                     {32, 8, 2}, {64, 4, 4}, {96, 8, 3}, {6, 3, 1},  {30, 5, 3}};
   std::string order = "DPT";
   int orders = 0;
   do {
@@ -117,8 +117,9 @@ TEST(Mesh, TableOfLayoutsInEveryOrder) {
 }
 
 TEST(Mesh, BadLayoutsNameTheNumbers) {
-  EXPECT_NE(error_of([] { Mesh::build(6, 4, 1); }).find("train.tp = 4 x train.pp = 1 = 4 does "
-                                                        "not divide the 6 ranks"),
+  EXPECT_NE(error_of([] { Mesh::build(6, 4, 1); })
+                .find("train.tp = 4 x train.pp = 1 = 4 does "
+                      "not divide the 6 ranks"),
             std::string::npos);
   EXPECT_NE(error_of([] { Mesh::build(12, 2, 4); }).find("= 8 does not divide the 12 ranks"),
             std::string::npos);
@@ -127,8 +128,9 @@ TEST(Mesh, BadLayoutsNameTheNumbers) {
   EXPECT_NE(error_of([] { Mesh::build(4, 2, 1, "DDT"); }).find("each of D, P, T exactly once"),
             std::string::npos);
   EXPECT_NE(error_of([] { Mesh::build(4, 0, 1); }).find("must be at least 1"), std::string::npos);
-  EXPECT_NE(error_of([] { model::GptConfig::named("small").validate_split(4); })
-                .find("train.tp = 4 does not divide the 6 attention heads of small"),
+  EXPECT_NE(error_of([] {
+              model::GptConfig::named("small").validate_split(4);
+            }).find("train.tp = 4 does not divide the 6 attention heads of small"),
             std::string::npos);
   EXPECT_EQ(error_of([] { model::GptConfig::named("small").validate_split(3); }), "");
   EXPECT_EQ(Mesh::build(8, 2, 2).describe(),
@@ -153,12 +155,12 @@ TEST(Box, RunsVisitABoxInItsOrder) {
   });
   EXPECT_EQ(flats, (std::vector<int64_t>{9, 12, 13}));
   int runs = 0;  // a box covering whole trailing dimensions is one run
-  for_each_box_run(Shape{4, 3, 2}, {1, 0, 0}, {2, 3, 2}, 0, 12, [&](int64_t, int64_t flat,
-                                                                    int64_t len) {
-    EXPECT_EQ(flat, 6);
-    EXPECT_EQ(len, 12);
-    ++runs;
-  });
+  for_each_box_run(Shape{4, 3, 2}, {1, 0, 0}, {2, 3, 2}, 0, 12,
+                   [&](int64_t, int64_t flat, int64_t len) {
+                     EXPECT_EQ(flat, 6);
+                     EXPECT_EQ(len, 12);
+                     ++runs;
+                   });
   EXPECT_EQ(runs, 1);
   EXPECT_EQ(box_flat_index(shape, {1, 2}, {2, 3}, 4), 13);
   EXPECT_EQ(box_position(shape, {1, 2}, {2, 3}, 13), 4);
