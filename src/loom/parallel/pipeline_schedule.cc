@@ -1,0 +1,278 @@
+#include "loom/parallel/pipeline_schedule.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "loom/core/check.h"
+#include "loom/core/error.h"
+
+namespace loom::parallel {
+
+namespace {
+
+struct Key {
+  int m, c;
+  auto operator<=>(const Key&) const = default;
+};
+
+PipelineAction F(int m, int c = 0) {
+  return {m, c, Pass::kF};
+}
+PipelineAction BW(int m, int c = 0) {
+  return {m, c, Pass::kBW};
+}
+
+std::vector<StageActions> gpipe(int P, int M) {
+  std::vector<StageActions> s(P);
+  for (int p = 0; p < P; ++p) {
+    for (int m = 0; m < M; ++m) s[p].push_back(F(m));
+    for (int m = 0; m < M; ++m) s[p].push_back(BW(m));
+  }
+  return s;
+}
+
+// Warm-up forwards, then forward/backward pairs, then the remaining backwards; `fwd` and
+// `bwd` are the stage's forward and backward orders (1F1B and interleaved differ only in
+// them and in the warm-up count).
+StageActions warmup_steady_cooldown(const std::vector<std::pair<int, int>>& fwd,
+                                    const std::vector<std::pair<int, int>>& bwd, int warmup) {
+  StageActions a;
+  const int total = static_cast<int>(fwd.size());
+  warmup = std::min(warmup, total);
+  for (int i = 0; i < warmup; ++i) a.push_back(F(fwd[i].first, fwd[i].second));
+  for (int i = warmup; i < total; ++i) {  // steady: one forward, one backward
+    a.push_back(F(fwd[i].first, fwd[i].second));
+    const auto& b = bwd[i - warmup];
+    a.push_back(BW(b.first, b.second));
+  }
+  for (int i = total - warmup; i < total; ++i) a.push_back(BW(bwd[i].first, bwd[i].second));
+  return a;
+}
+
+std::vector<StageActions> one_f_one_b(int P, int M) {
+  std::vector<std::pair<int, int>> order;
+  for (int m = 0; m < M; ++m) order.push_back({m, 0});
+  std::vector<StageActions> s(P);
+  for (int p = 0; p < P; ++p) s[p] = warmup_steady_cooldown(order, order, P - p - 1);
+  return s;
+}
+
+// Microbatches in groups of P (the last group takes the remainder, P..2P-1 of them); within
+// a group every chunk in turn (forward: chunks up, backward: chunks down), so a group's
+// microbatches move through the virtual stages as a wave. Stage s runs Megatron's warm-up
+// of (P-s-1)*2 + (V-1)*P forwards, then alternates forward and backward. A larger last
+// group needs a longer warm-up (else a backward would come before its forward, or the
+// stages would wait on each other): every stage's warm-up grows one forward at a time until
+// the schedule is valid and runs through. That keeps the bubble at (P-1)/(M*V) for every
+// M >= P, at the price of up to (M mod P)*V more chunks held; Megatron requires P | M.
+std::vector<StageActions> interleaved(int P, int M, int V) {
+  std::vector<std::pair<int, int>> fwd, bwd;
+  for (int g = 0, end; g < M; g = end) {
+    end = M - g < 2 * P ? M : g + P;
+    for (int c = 0; c < V; ++c)
+      for (int m = g; m < end; ++m) fwd.push_back({m, c});
+    for (int c = V - 1; c >= 0; --c)
+      for (int m = g; m < end; ++m) bwd.push_back({m, c});
+  }
+  std::vector<StageActions> s(P);
+  for (int extra = 0;; ++extra) {
+    for (int p = 0; p < P; ++p)
+      s[p] = warmup_steady_cooldown(fwd, bwd, (P - p - 1) * 2 + (V - 1) * P + extra);
+    if (validate_schedule(s, P, M, V).empty() && !simulate_schedule(s, P, V).deadlock) return s;
+    LOOM_CHECK_MSG(extra <= M * V, "no valid interleaved schedule");
+  }
+}
+
+// ZB-H1: 1F1B's order of forwards and input-gradient backwards, with stage s running the
+// weight gradient of microbatch m after the B of microbatch m + s (the remaining W at the
+// end). Later stages, which in 1F1B wait longest for the next gradient, thus hold W's to
+// fill those waits; stage s holds at most (P-s) + s = P microbatches (F run, W not), the
+// peak 1F1B reaches on its first stage.
+std::vector<StageActions> zero_bubble_h1(int P, int M) {
+  std::vector<StageActions> s = one_f_one_b(P, M);
+  for (int p = 0; p < P; ++p) {
+    StageActions a;
+    int next_w = 0;
+    for (const PipelineAction& x : s[p]) {
+      if (x.pass == Pass::kF) {
+        a.push_back(x);
+        continue;
+      }
+      a.push_back({x.microbatch, 0, Pass::kB});
+      if (x.microbatch - p >= 0) a.push_back({next_w++, 0, Pass::kW});
+    }
+    while (next_w < M) a.push_back({next_w++, 0, Pass::kW});
+    s[p] = std::move(a);
+  }
+  return s;
+}
+
+}  // namespace
+
+ScheduleKind schedule_kind(const std::string& name) {
+  if (name == "gpipe") return ScheduleKind::kGPipe;
+  if (name == "1f1b") return ScheduleKind::kOneFOneB;
+  if (name == "interleaved") return ScheduleKind::kInterleaved;
+  if (name == "zb-h1") return ScheduleKind::kZeroBubbleH1;
+  throw UserError("pp.schedule = \"" + name + "\" is not a pipeline schedule",
+                  "use gpipe, 1f1b, interleaved or zb-h1");
+}
+
+const char* schedule_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::kOneFOneB:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
+    case ScheduleKind::kZeroBubbleH1:
+      return "zb-h1";
+  }
+  return "?";
+}
+
+std::vector<StageActions> make_schedule(ScheduleKind kind, int P, int M, int V) {
+  const std::string shape = "pipeline of " + std::to_string(P) + " stages, " + std::to_string(M) +
+                            " microbatches, " + std::to_string(V) + " chunks per stage";
+  if (P < 1 || M < 1 || V < 1)
+    throw UserError(shape + ": every count must be at least 1",
+                    "set train.pp, pp.microbatches and pp.virtual_stages to 1 or more");
+  if (V > 1 && kind != ScheduleKind::kInterleaved)
+    throw UserError(shape + ": pp.virtual_stages > 1 needs pp.schedule = \"interleaved\"",
+                    "set pp.virtual_stages = 1, or use the interleaved schedule");
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return gpipe(P, M);
+    case ScheduleKind::kOneFOneB:
+      return one_f_one_b(P, M);
+    case ScheduleKind::kInterleaved:
+      if (M < P)
+        throw UserError(shape +
+                            ": the interleaved schedule needs at least as many "
+                            "microbatches as stages",
+                        "raise pp.microbatches to " + std::to_string(P) + " or more, or use 1f1b");
+      return V == 1 ? one_f_one_b(P, M) : interleaved(P, M, V);
+    case ScheduleKind::kZeroBubbleH1:
+      return zero_bubble_h1(P, M);
+  }
+  return {};
+}
+
+std::string validate_schedule(const std::vector<StageActions>& s, int P, int M, int V) {
+  if (static_cast<int>(s.size()) != P)
+    return "the schedule has " + std::to_string(s.size()) + " stages, expected " +
+           std::to_string(P);
+  auto name = [](int p, const PipelineAction& a) {
+    const char* pass[] = {"F", "BW", "B", "W"};
+    return "stage " + std::to_string(p) + " " + pass[static_cast<int>(a.pass)] + "(microbatch " +
+           std::to_string(a.microbatch) + ", chunk " + std::to_string(a.chunk) + ")";
+  };
+  for (int p = 0; p < P; ++p) {
+    std::map<Key, std::set<Pass>> seen;
+    for (const PipelineAction& a : s[p]) {
+      if (a.microbatch < 0 || a.microbatch >= M || a.chunk < 0 || a.chunk >= V)
+        return name(p, a) + " is out of range";
+      auto& passes = seen[{a.microbatch, a.chunk}];
+      if (passes.count(a.pass)) return name(p, a) + " appears twice";
+      const bool has_f = passes.count(Pass::kF) > 0;
+      if (a.pass != Pass::kF && !has_f) return name(p, a) + " runs before its forward";
+      if (a.pass == Pass::kW && !passes.count(Pass::kB)) return name(p, a) + " runs before its B";
+      if ((a.pass == Pass::kB || a.pass == Pass::kW) && passes.count(Pass::kBW))
+        return name(p, a) + " mixes a whole backward with a split one";
+      passes.insert(a.pass);
+    }
+    for (int m = 0; m < M; ++m)
+      for (int c = 0; c < V; ++c) {
+        const auto& passes = seen[{m, c}];
+        const bool whole = passes.count(Pass::kBW) > 0;
+        const bool split = passes.count(Pass::kB) > 0 && passes.count(Pass::kW) > 0;
+        if (!passes.count(Pass::kF) || whole == split)
+          return "stage " + std::to_string(p) + " does not run microbatch " + std::to_string(m) +
+                 " chunk " + std::to_string(c) + " forward and backward exactly once";
+      }
+  }
+  // Channels: activations from virtual stage v to v+1, gradients from v+1 to v. The sender
+  // of an activation is F(m, v), its receiver F(m, v+1); of a gradient B/BW(m, v+1) and
+  // B/BW(m, v). On each (sender stage, receiver stage, kind) the orders must agree.
+  const int VS = P * V;
+  std::map<std::tuple<int, int, int>, std::vector<Key>> sent, received;
+  for (int p = 0; p < P; ++p)
+    for (const PipelineAction& a : s[p]) {
+      const int v = a.chunk * P + p;
+      const bool backward = a.pass == Pass::kB || a.pass == Pass::kBW;
+      if (a.pass == Pass::kF) {
+        if (v + 1 < VS) sent[{p, (v + 1) % P, 0}].push_back({a.microbatch, v});
+        if (v > 0) received[{(v - 1) % P, p, 0}].push_back({a.microbatch, v - 1});
+      } else if (backward) {
+        if (v > 0) sent[{p, (v - 1) % P, 1}].push_back({a.microbatch, v});
+        if (v + 1 < VS) received[{(v + 1) % P, p, 1}].push_back({a.microbatch, v + 1});
+      }
+    }
+  for (const auto& [channel, order] : sent) {
+    const auto& [from, to, kind] = channel;
+    if (from == to) continue;  // the next virtual stage is on the same rank: no message
+    if (received[channel] != order)
+      return std::string(kind ? "gradients" : "activations") + " from stage " +
+             std::to_string(from) + " to stage " + std::to_string(to) +
+             " are received in another order than they are sent";
+  }
+  return "";
+}
+
+double ScheduleTiming::bubble() const {
+  double worst = 0;
+  for (size_t p = 0; p < busy.size(); ++p) worst = std::max(worst, idle[p] / busy[p]);
+  return worst;
+}
+
+ScheduleTiming simulate_schedule(const std::vector<StageActions>& s, int P, int V) {
+  const int VS = P * V;
+  auto cost = [&](Pass pass) { return (pass == Pass::kBW ? 2.0 : 1.0) / V; };
+  // When each (pass, microbatch, virtual stage) finished; B and BW count as "backward".
+  std::map<std::tuple<int, int, int>, double> done;
+  auto pass_id = [](Pass p) { return p == Pass::kF ? 0 : p == Pass::kW ? 2 : 1; };
+  ScheduleTiming t;
+  t.busy.assign(P, 0), t.idle.assign(P, 0), t.peak_in_flight.assign(P, 0);
+  std::vector<size_t> next(P, 0);
+  std::vector<double> free_at(P, 0);
+  std::vector<int> held(P, 0);
+  size_t remaining = 0;
+  for (const auto& a : s) remaining += a.size();
+  for (bool progress = true; remaining > 0 && progress;) {
+    progress = false;
+    for (int p = 0; p < P; ++p) {
+      while (next[p] < s[p].size()) {
+        const PipelineAction& a = s[p][next[p]];
+        const int v = a.chunk * P + p;
+        double ready = free_at[p];
+        auto need = [&](int pass, int vv) {
+          auto it = done.find({pass, a.microbatch, vv});
+          if (it == done.end()) return false;
+          ready = std::max(ready, it->second);
+          return true;
+        };
+        bool ok = true;
+        if (a.pass == Pass::kF && v > 0) ok = need(0, v - 1);
+        if (a.pass == Pass::kB || a.pass == Pass::kBW)
+          ok = need(0, v) && (v + 1 >= VS || need(1, v + 1));
+        if (a.pass == Pass::kW) ok = need(1, v);
+        if (!ok) break;
+        const double end = ready + cost(a.pass);
+        done[{pass_id(a.pass), a.microbatch, v}] = end;
+        free_at[p] = end;
+        t.busy[p] += cost(a.pass);
+        if (a.pass == Pass::kF) t.peak_in_flight[p] = std::max(t.peak_in_flight[p], ++held[p]);
+        if (a.pass == Pass::kBW || a.pass == Pass::kW) --held[p];
+        ++next[p], --remaining, progress = true;
+      }
+    }
+  }
+  t.deadlock = remaining > 0;
+  for (int p = 0; p < P; ++p) t.makespan = std::max(t.makespan, free_at[p]);
+  for (int p = 0; p < P; ++p) t.idle[p] = t.makespan - t.busy[p];
+  return t;
+}
+
+}  // namespace loom::parallel
