@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
+#include <random>
 
 #include "loom/core/error.h"
 #include "loom/parallel/pipeline_schedule.h"
+#include "loom/parallel/pipeline_stages.h"
 
 namespace loom::parallel {
 namespace {
@@ -133,6 +136,83 @@ TEST(PipelineSchedule, BadShapesAndNames) {
               std::string::npos);
   }
   EXPECT_EQ(schedule_kind("1f1b"), ScheduleKind::kOneFOneB);
+}
+
+// ---- stages ----
+
+// The smallest possible largest piece, by trying every cut.
+double brute_force_best(const std::vector<double>& c, int pieces) {
+  const int n = static_cast<int>(c.size());
+  double best = 1e300;
+  std::function<void(int, int, double)> go = [&](int start, int left, double worst) {
+    if (left == 1) {
+      double sum = 0;
+      for (int i = start; i < n; ++i) sum += c[i];
+      best = std::min(best, std::max(worst, sum));
+      return;
+    }
+    double sum = 0;
+    for (int end = start + 1; end <= n - left + 1; ++end) {
+      sum += c[end - 1];
+      go(end, left - 1, std::max(worst, sum));
+    }
+  };
+  go(0, pieces, 0);
+  return best;
+}
+
+TEST(PipelineStages, BalancedSplitsAreOptimalAndContiguous) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 2 + static_cast<int>(rng() % 9), pieces = 1 + static_cast<int>(rng() % n);
+    std::vector<double> c(n);
+    for (auto& x : c) x = 1 + rng() % 20;
+    const auto r = balance_units(c, pieces);
+    ASSERT_EQ(static_cast<int>(r.size()), pieces);
+    double worst = 0;
+    for (int k = 0; k < pieces; ++k) {
+      ASSERT_EQ(r[k].first, k ? r[k - 1].last + 1 : 0);
+      ASSERT_GE(r[k].count(), 1);
+      double sum = 0;
+      for (int i = r[k].first; i <= r[k].last; ++i) sum += c[i];
+      worst = std::max(worst, sum);
+    }
+    ASSERT_EQ(r.back().last, n - 1);
+    ASSERT_DOUBLE_EQ(worst, brute_force_best(c, pieces)) << "trial " << trial;
+  }
+  // Equal blocks: the later stages take the extra block, the first holds the fewest.
+  const auto r = balance_units({1, 10, 10, 10, 10, 10, 1}, 2);
+  EXPECT_EQ(r, (std::vector<UnitRange>{{0, 2}, {3, 6}}));
+}
+
+TEST(PipelineStages, GptCostsSplitsAndNames) {
+  // gpt2-124m at T 1024: the tied head (6 V C) costs ~4.5 blocks, so the last stage of 2
+  // gets fewer blocks.
+  const auto costs = gpt_unit_costs(12, 768, 50257, 1024);
+  ASSERT_EQ(costs.size(), 14u);
+  const auto r = balance_units(costs, 2);
+  EXPECT_EQ(r, (std::vector<UnitRange>{{0, 8}, {9, 13}}));
+  EXPECT_EQ(describe_stages(r, 12),
+            "stage 0: embedding, blocks 0-7; stage 1: blocks 8-11, final norm and head");
+  EXPECT_EQ(describe_stages(split_units({1, 2, 1}, 4, 3), 2),
+            "stage 0: embedding; stage 1: blocks 0-1; stage 2: final norm and head");
+  auto error = [](auto f) {
+    try {
+      f();
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error([] {
+              balance_units(std::vector<double>(4, 1.0), 5);
+            }).find("cannot cut the model's 4 units"),
+            std::string::npos);
+  EXPECT_NE(error([] {
+              split_units({2, 1}, 4, 2);
+            }).find("pp.split = [2, 1] does not cut the model's 4 units into 2 stages"),
+            std::string::npos);
+  EXPECT_NE(error([] { split_units({4, 0}, 4, 2); }).find("does not cut"), std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,37 @@
+// Which units each pipeline stage runs: the model's units (embedding, blocks, final norm
+// with the tied head and the loss) cut into S = P x V consecutive pieces ("virtual stages":
+// chunk c of stage s is piece c*P + s), the first piece starting with the embedding and
+// the last ending with the final norm. A pure function of the units' costs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace loom::parallel {
+
+struct UnitRange {
+  int first = 0, last = 0;  // inclusive
+  int count() const { return last - first + 1; }
+  bool operator==(const UnitRange&) const = default;
+};
+
+// The split of `costs.size()` units into `pieces` consecutive non-empty ranges whose
+// largest total cost is as small as it can be. Among such splits the later pieces take as
+// many units as fit, so the first stage — which holds the most microbatches in a 1F1B
+// pipeline — gets the fewest. UserError naming the numbers when there are fewer units
+// than pieces.
+std::vector<UnitRange> balance_units(const std::vector<double>& costs, int pieces);
+
+// `counts` (pp.split: units per piece, in order) as ranges; UserError when they do not add
+// up to the unit count, one is < 1, or there are not `pieces` of them.
+std::vector<UnitRange> split_units(const std::vector<int>& counts, int units, int pieces);
+
+// A GPT's unit costs from its FLOP count per token (forward + backward): the embedding a
+// lookup (counted as C), each block 6 x 12C^2 + 12 C T, the final unit its LayerNorm and the
+// tied head's 6 V C.
+std::vector<double> gpt_unit_costs(int n_layer, int n_embd, int vocab, int seq_len);
+
+// "stage 0: units 0-3 (embedding, blocks 0-2), stage 1: units 4-7 (blocks 3-5, final norm)"
+std::string describe_stages(const std::vector<UnitRange>& pieces, int n_layer);
+
+}  // namespace loom::parallel
