@@ -184,6 +184,88 @@ TEST(Gpt, Bf16ComputeIsCloseToFp32) {
   EXPECT_NEAR(bf16, f32, 1e-2 * f32);
 }
 
+// ---- runs of units (pipeline stages), split backward, microbatches in flight ----
+
+// One step of the fixture batch as runs of units (a pipeline's stages in one process: each
+// run's output is the next one's input, each run's input gradient the previous one's
+// output gradient), with `part` kWhole or kInput followed by kWeight.
+float staged_step(Gpt& m, const nlohmann::json& fx, const std::vector<std::pair<int, int>>& runs,
+                  bool split) {
+  auto tokens = fx["tokens"].get<std::vector<int>>(),
+       targets = fx["targets"].get<std::vector<int>>();
+  const int B = fx["B"], T = fx["T"];
+  std::vector<Activations> acts(runs.size());
+  m.zero_grad();
+  float loss = 0;
+  const float* x = nullptr;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    loss = m.forward_units(acts[i], runs[i].first, runs[i].second, tokens.data(), targets.data(), B,
+                           T, x);
+    x = m.output(acts[i]);
+  }
+  const float* d = nullptr;
+  for (size_t i = runs.size(); i-- > 0;) {
+    m.backward_units(acts[i], 1.0f, d, split ? BackwardPart::kInput : BackwardPart::kWhole);
+    d = m.input_grad(acts[i]);
+  }
+  for (size_t i = runs.size(); split && i-- > 0;)
+    m.backward_units(acts[i], 1.0f, nullptr, BackwardPart::kWeight);
+  return loss;
+}
+
+// The same kernels in the same order: every way of cutting the model, whole or split
+// backward, with or without recompute, gives the whole model's loss and gradients bit for
+// bit.
+TEST(Gpt, RunsOfUnitsAndSplitBackwardEqualTheWholeModel) {
+  auto fx = fixture();
+  Gpt ref(config_of(fx["config"]));
+  load(ref, fx["params"]);
+  const float want = step_of(ref, fx);
+  const int head = ref.config().n_layer + 1;
+  ASSERT_GE(head, 3);
+  const std::vector<std::vector<std::pair<int, int>>> cuts = {
+      {{0, head}}, {{0, 1}, {2, head}}, {{0, 0}, {1, head - 1}, {head, head}}};
+  for (int recompute : {0, 1})
+    for (const auto& runs : cuts)
+      for (bool split : {false, true}) {
+        SCOPED_TRACE("runs " + std::to_string(runs.size()) + (split ? " split" : " whole") +
+                     " recompute " + std::to_string(recompute));
+        Gpt m(config_of(fx["config"]));
+        load(m, fx["params"]);
+        m.set_recompute_every(recompute);
+        EXPECT_EQ(staged_step(m, fx, runs, split), want);
+        for (size_t i = 0; i < m.num_params(); ++i)
+          ASSERT_EQ(m.grads()[i], ref.grads()[i]) << "element " << i;
+      }
+}
+
+// Two microbatches' forwards before either backward (as a pipeline holds them): the same
+// gradients as one after the other.
+TEST(Gpt, MicrobatchesInFlightKeepTheirOwnActivations) {
+  auto fx = fixture();
+  auto tokens = fx["tokens"].get<std::vector<int>>(),
+       targets = fx["targets"].get<std::vector<int>>();
+  const int B = fx["B"], T = fx["T"], head = config_of(fx["config"]).n_layer + 1;
+  std::vector<int> other(tokens.rbegin(), tokens.rend());  // a second microbatch
+  Gpt a(config_of(fx["config"])), b(config_of(fx["config"]));
+  load(a, fx["params"]);
+  load(b, fx["params"]);
+  a.zero_grad();
+  const float la0 = a.forward(tokens.data(), targets.data(), B, T);
+  a.backward(0.5f);
+  const float la1 = a.forward(other.data(), targets.data(), B, T);
+  a.backward(0.5f);
+  Activations m0, m1;
+  b.zero_grad();
+  EXPECT_EQ(b.forward_units(m0, 0, head, tokens.data(), targets.data(), B, T, nullptr), la0);
+  EXPECT_EQ(b.forward_units(m1, 0, head, other.data(), targets.data(), B, T, nullptr), la1);
+  b.backward_units(m0, 0.5f, nullptr, BackwardPart::kWhole);
+  b.backward_units(m1, 0.5f, nullptr, BackwardPart::kInput);
+  b.backward_units(m1, 0.5f, nullptr, BackwardPart::kWeight);
+  for (size_t i = 0; i < a.num_params(); ++i) ASSERT_EQ(b.grads()[i], a.grads()[i]) << i;
+  EXPECT_GT(m1.bytes(), m1.block_bytes());
+}
+
 TEST(Gpt, NamedConfigsAndValidation) {
   GptConfig s = GptConfig::named("small");
   EXPECT_EQ(s.n_layer, 6);

@@ -237,6 +237,7 @@ struct StepCase {
   int tp;
   bool sequence_parallel;
   int recompute;
+  bool split_backward = false;  // input gradients (B), then weight gradients (W)
 };
 
 class TensorParallelStep : public ::testing::TestWithParam<StepCase> {};
@@ -271,8 +272,16 @@ TEST_P(TensorParallelStep, GradientsEqualOneProcess) {
     m.set_recompute_every(k.recompute);
     m.init(42);
     m.zero_grad();
-    losses[c.rank()] = m.forward(tokens.data(), targets.data(), B, T);
-    m.backward();
+    if (k.split_backward) {
+      model::Activations a;
+      losses[c.rank()] =
+          m.forward_units(a, 0, cfg.n_layer + 1, tokens.data(), targets.data(), B, T, nullptr);
+      m.backward_units(a, 1.0f, nullptr, model::BackwardPart::kInput);
+      m.backward_units(a, 1.0f, nullptr, model::BackwardPart::kWeight);
+    } else {
+      losses[c.rank()] = m.forward(tokens.data(), targets.data(), B, T);
+      m.backward();
+    }
     scatter_boxes(m, m.params(), got_p[c.rank()]);
     scatter_boxes(m, m.grads(), got_g[c.rank()]);
   });
@@ -303,11 +312,13 @@ TEST_P(TensorParallelStep, GradientsEqualOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelStep,
                          ::testing::Values(StepCase{2, false, 0}, StepCase{4, false, 0},
                                            StepCase{2, true, 0}, StepCase{4, true, 1},
-                                           StepCase{2, true, 1}),
+                                           StepCase{2, true, 1}, StepCase{2, false, 0, true},
+                                           StepCase{2, true, 1, true}),
                          [](const auto& info) {
                            return "tp" + std::to_string(info.param.tp) +
                                   (info.param.sequence_parallel ? "_sp" : "") +
-                                  (info.param.recompute ? "_recompute" : "");
+                                  (info.param.recompute ? "_recompute" : "") +
+                                  (info.param.split_backward ? "_split" : "");
                          });
 
 }  // namespace

@@ -211,8 +211,50 @@ void Gpt::zero_grad() {
     std::fill(unit_grads_[u], unit_grads_[u] + (units_[u].second - units_[u].first), 0.0f);
 }
 
-void Gpt::allocate(int B, int T) {
-  if (B == B_ && T == T_) return;
+// ---- buffers ----
+
+size_t Activations::Block::floats() const {
+  size_t n = 0;
+  for (const auto* v : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &res2, &ln2, &ln2_mean,
+                        &ln2_rstd, &fch, &fch_gelu})
+    n += v->size();
+  return n;
+}
+
+size_t Activations::BlockGrads::floats() const {
+  return mlp_out.size() + fch.size() + ln2.size() + attn_out.size() + qkv.size() + ln1.size();
+}
+
+size_t Activations::block_bytes() const {
+  size_t n = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) n += resid[i].size() + blocks[i].floats();
+  return n * sizeof(float);
+}
+
+size_t Activations::bytes() const {
+  size_t n = block_bytes() / sizeof(float) + (resid.empty() ? 0 : resid.back().size());
+  for (const BlockGrads& g : grads) n += g.floats();
+  for (const auto* v : {&lnf, &lnf_mean, &lnf_rstd, &lnf_all, &logits, &losses, &loss_max,
+                        &loss_sum, &loss_target, &d_lnf, &d_embed, &input_grad})
+    n += v->size();
+  return n * sizeof(float);
+}
+
+namespace {
+void size_block(Activations::Block& a, size_t N, size_t R, size_t C, size_t Cl, size_t att) {
+  for (auto* v : {&a.ln1, &a.res2, &a.ln2}) v->assign(R * C, 0);
+  for (auto* v : {&a.ln1_mean, &a.ln1_rstd, &a.ln2_mean, &a.ln2_rstd}) v->assign(R, 0);
+  a.qkv.assign(3 * N * Cl, 0);
+  a.att.assign(att, 0);
+  a.atty.assign(N * Cl, 0);
+  a.fch.assign(4 * N * Cl, 0);
+  a.fch_gelu.assign(4 * N * Cl, 0);
+}
+}  // namespace
+
+// The model's scratch for (B,T) micro-batches: one block's worth, whatever the depth.
+void Gpt::allocate_scratch(int B, int T) {
+  if (B == B_ && T == T_ && recompute_acts_.fch.empty() == (recompute_every_ == 0)) return;
   B_ = B, T_ = T;
   N_ = B * T;
   if (sp_ && N_ % tp_ != 0)
@@ -220,59 +262,58 @@ void Gpt::allocate(int B, int T) {
                         " token rows of a micro-batch (micro-batch x sequence length) " +
                         std::to_string(tp_) + " ways, which does not divide",
                     "make train.micro_batch x train.seq_len a multiple of train.tp");
-  R_ = sp_ ? N_ / tp_ : N_;
+  R_ = rows(B, T);
   row_begin_ = sp_ ? split_.rank * R_ : 0;
-  const size_t L = cfg_.n_layer, C = cfg_.n_embd, N = N_, R = R_, Cl = Cl_;
+  const size_t C = cfg_.n_embd, N = N_, R = R_, Cl = Cl_;
   const size_t att = static_cast<size_t>(B) * NHl_ * T * T;
-  auto size_block = [&](BlockActs& a) {
-    for (auto* v : {&a.ln1, &a.res2, &a.ln2}) v->assign(R * C, 0);
-    for (auto* v : {&a.ln1_mean, &a.ln1_rstd, &a.ln2_mean, &a.ln2_rstd}) v->assign(R, 0);
-    a.qkv.assign(3 * N * Cl, 0);
-    a.att.assign(att, 0);
-    a.atty.assign(N * Cl, 0);
-    a.fch.assign(4 * N * Cl, 0);
-    a.fch_gelu.assign(4 * N * Cl, 0);
-  };
-  resid_.assign(L + 1, std::vector<float>(R * C, 0));
-  blocks_.assign(L, BlockActs{});
-  for (size_t l = 0; l < L; ++l)
-    if (!recomputed(static_cast<int>(l))) size_block(blocks_[l]);
   recompute_acts_ = BlockActs{};
-  if (recompute_every_ > 0) size_block(recompute_acts_);
+  if (recompute_every_ > 0) size_block(recompute_acts_, N, R, C, Cl, att);
   for (auto* v : {&proj_, &d_ln1_, &d_ln2_, &d_lnf_}) v->assign(N * C, 0);
-  for (auto* v : {&lnf_, &dx_}) v->assign(R * C, 0);
-  for (auto* v : {&lnf_mean_, &lnf_rstd_}) v->assign(R, 0);
-  losses_.assign(N, 0);
+  dx_.assign(R * C, 0);
   d_qkv_.assign(3 * N * Cl, 0);
   d_att_.assign(att, 0);
   d_atty_.assign(N * Cl, 0);
   d_fch_.assign(4 * N * Cl, 0);
   d_fch_gelu_.assign(4 * N * Cl, 0);
-  logits_.assign(N * Vl_, 0);
   const size_t sp_rows = sp_ ? R * C : 0, sp_all = sp_ ? N * C : 0;
   proj_rows_.assign(sp_rows, 0);
   d_rows_.assign(sp_rows, 0);
   gathered_.assign(sp_all, 0);
-  lnf_all_.assign(sp_all, 0);
   d_all_.assign(sp_all, 0);
   d_lnparams_.assign(sp_ ? 2 * C : 0, 0);
-  for (auto* v : {&loss_max_, &loss_sum_, &loss_target_}) v->assign(tp_ > 1 ? N : 0, 0);
 }
 
-size_t Gpt::block_activation_bytes() const {
-  size_t n = 0;
-  for (size_t l = 0; l < blocks_.size(); ++l) n += resid_[l].size() + blocks_[l].floats();
-  return n * sizeof(float);
+// Sizes `a` for units [first, last] on (B,T) micro-batches (kept when the shape repeats).
+void Gpt::prepare(Activations& a, int first, int last, int B, int T) const {
+  if (a.B == B && a.T == T && a.first == first && a.last == last &&
+      a.recompute_every == recompute_every_)
+    return;
+  a = Activations{};
+  a.B = B, a.T = T, a.first = first, a.last = last, a.recompute_every = recompute_every_;
+  const size_t C = cfg_.n_embd, N = static_cast<size_t>(B) * T, R = rows(B, T), Cl = Cl_;
+  const size_t att = static_cast<size_t>(B) * NHl_ * T * T;
+  const int fb = first_block(a), nb = std::max(0, last_block(a) - fb + 1);
+  a.resid.assign(nb + 1, std::vector<float>(R * C, 0));
+  a.blocks.assign(nb, BlockActs{});
+  for (int i = 0; i < nb; ++i)
+    if (!recomputed(fb + i)) size_block(a.blocks[i], N, R, C, Cl, att);
+  a.grads.assign(nb, BlockGrads{});
+  if (last == cfg_.n_layer + 1) {
+    a.lnf.assign(R * C, 0);
+    a.lnf_mean.assign(R, 0);
+    a.lnf_rstd.assign(R, 0);
+    a.lnf_all.assign(sp_ ? N * C : 0, 0);
+    a.logits.assign(N * Vl_, 0);
+    a.losses.assign(N, 0);
+    for (auto* v : {&a.loss_max, &a.loss_sum, &a.loss_target}) v->assign(tp_ > 1 ? N : 0, 0);
+  }
+  if (first > 0) a.input_grad.assign(R * C, 0);
 }
 
 size_t Gpt::activation_bytes() const {
-  size_t n = block_activation_bytes() / sizeof(float);
-  n += resid_.empty() ? 0 : resid_.back().size();  // the last block's output
-  n += recompute_acts_.floats();
-  for (const auto* v : {&proj_,    &proj_rows_,  &gathered_, &lnf_,      &lnf_mean_, &lnf_rstd_,
-                        &lnf_all_, &logits_,     &losses_,   &loss_max_, &loss_sum_, &loss_target_,
-                        &dx_,      &d_ln1_,      &d_qkv_,    &d_att_,    &d_atty_,   &d_ln2_,
-                        &d_fch_,   &d_fch_gelu_, &d_lnf_,    &d_all_,    &d_rows_,   &d_lnparams_})
+  size_t n = acts_.bytes() / sizeof(float) + recompute_acts_.floats();
+  for (const auto* v : {&proj_, &proj_rows_, &gathered_, &dx_, &d_ln1_, &d_qkv_, &d_att_, &d_atty_,
+                        &d_ln2_, &d_fch_, &d_fch_gelu_, &d_lnf_, &d_all_, &d_rows_, &d_lnparams_})
     n += v->size();
   return n * sizeof(float);
 }
@@ -324,22 +365,42 @@ const float* Gpt::row_parallel_linear(float* partial, const float* inp, const fl
   return out;
 }
 
-// LayerNorm backward over the region's R rows. Under sequence parallelism a rank's rows
-// give only part of the weight and bias gradients: they are computed apart, summed over the
-// group, then accumulated (Megatron's allreduce of sequence-parallel gradients).
-void Gpt::layernorm_backward_rows(float* dx, float* dw, float* db, const float* dout,
-                                  const float* inp, const float* w, const float* mean,
-                                  const float* rstd) {
+// LayerNorm backward over the region's R rows, `part` of it. Under sequence parallelism a
+// rank's rows give only part of the weight and bias gradients: they are computed apart,
+// summed over the group, then accumulated (Megatron's allreduce of sequence-parallel
+// gradients).
+void Gpt::layernorm_backward_rows(BackwardPart part, float* dx, float* dw, float* db,
+                                  const float* dout, const float* inp, const float* w,
+                                  const float* mean, const float* rstd) {
   const int C = cfg_.n_embd;
-  if (!sp_) {
-    k::layernorm_backward(dx, dw, db, dout, inp, w, mean, rstd, R_, C);
+  if (part == BackwardPart::kInput) {
+    k::layernorm_backward_input(dx, dout, inp, w, mean, rstd, R_, C);
     return;
   }
-  float* part = d_lnparams_.data();
-  std::fill(d_lnparams_.begin(), d_lnparams_.end(), 0.0f);
-  k::layernorm_backward(dx, part, part + C, dout, inp, w, mean, rstd, R_, C);
-  tp_comm_->allreduce_sum(part, 2 * static_cast<size_t>(C));
-  for (int i = 0; i < C; ++i) dw[i] += part[i], db[i] += part[C + i];
+  float* pw = dw;
+  float* pb = db;
+  if (sp_) {
+    std::fill(d_lnparams_.begin(), d_lnparams_.end(), 0.0f);
+    pw = d_lnparams_.data(), pb = pw + C;
+  }
+  if (part == BackwardPart::kWhole)
+    k::layernorm_backward(dx, pw, pb, dout, inp, w, mean, rstd, R_, C);
+  else
+    k::layernorm_backward_weight(pw, pb, dout, inp, mean, rstd, R_, C);
+  if (!sp_) return;
+  tp_comm_->allreduce_sum(pw, 2 * static_cast<size_t>(C));
+  for (int i = 0; i < C; ++i) dw[i] += pw[i], db[i] += pb[i];
+}
+
+void Gpt::linear_backward(BackwardPart part, float* dinp, float* dw, float* db, const float* dout,
+                          const float* inp, const float* w, int N, int C, int OC,
+                          std::vector<float>* keep) {
+  if (part == BackwardPart::kWhole) {
+    k::matmul_backward(gemm_, dinp, dw, db, dout, inp, w, N, C, OC);
+    return;
+  }
+  k::matmul_backward_input(gemm_, dinp, dout, w, N, C, OC);
+  if (keep) keep->assign(dout, dout + static_cast<size_t>(N) * OC);  // else dout stays put
 }
 
 // ---- blocks ----
@@ -370,44 +431,74 @@ void Gpt::block_forward(int l, BlockActs& a, const float* in, float* out) {
 // The block's forward in reverse. dx holds d(out) on entry and d(in) on exit (R,C): the
 // residual connections pass it through unchanged, the LayerNorm backwards add their
 // branches to it. Under sequence parallelism the LayerNorm outputs are gathered again for
-// the weight gradients rather than kept whole (activation memory / t).
-void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx) {
-  const int B = B_, T = T_, C = cfg_.n_embd, N = N_, Cl = Cl_, u = l + 1;
+// the weight gradients rather than kept whole (activation memory / t). With part kInput
+// only input gradients are computed and the output gradients of the weighted layers are
+// kept for block_weight_grads.
+void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, BackwardPart part,
+                         BlockGrads* keep) {
+  const int B = B_, T = T_, C = cfg_.n_embd, N = N_, R = R_, Cl = Cl_, u = l + 1;
   const auto& o = block_offsets_;
+  const bool whole = part == BackwardPart::kWhole;
+  auto kept = [&](std::vector<float> BlockGrads::*f) { return whole ? nullptr : &(keep->*f); };
   for (auto* v : {&d_ln1_, &d_qkv_, &d_atty_, &d_ln2_, &d_fch_, &d_fch_gelu_})
     std::fill(v->begin(), v->end(), 0.0f);
   // out = res2 + fcproj(gelu(fc(ln2(res2))))
   const float* dout = gather_rows(dx, d_all_.data());
-  k::matmul_backward(gemm_, d_fch_gelu_.data(), g(u, o[kFcProjw]), g(u, o[kFcProjb]), dout,
-                     a.fch_gelu.data(), p(u, o[kFcProjw]), N, 4 * Cl, C);
+  linear_backward(part, d_fch_gelu_.data(), g(u, o[kFcProjw]), g(u, o[kFcProjb]), dout,
+                  a.fch_gelu.data(), p(u, o[kFcProjw]), N, 4 * Cl, C, kept(&BlockGrads::mlp_out));
   k::gelu_backward(d_fch_.data(), a.fch.data(), d_fch_gelu_.data(),
                    static_cast<size_t>(N) * 4 * Cl);
-  const float* x = gather_rows(a.ln2.data(), gathered_.data());
-  k::matmul_backward(gemm_, d_ln2_.data(), g(u, o[kFcw]), g(u, o[kFcb]), d_fch_.data(), x,
-                     p(u, o[kFcw]), N, C, 4 * Cl);
-  layernorm_backward_rows(dx, g(u, o[kLn2w]), g(u, o[kLn2b]), reduce_input_grad(d_ln2_.data()),
-                          a.res2.data(), p(u, o[kLn2w]), a.ln2_mean.data(), a.ln2_rstd.data());
+  const float* x = whole ? gather_rows(a.ln2.data(), gathered_.data()) : nullptr;
+  linear_backward(part, d_ln2_.data(), g(u, o[kFcw]), g(u, o[kFcb]), d_fch_.data(), x,
+                  p(u, o[kFcw]), N, C, 4 * Cl, kept(&BlockGrads::fch));
+  const float* dln = reduce_input_grad(d_ln2_.data());
+  layernorm_backward_rows(part, dx, g(u, o[kLn2w]), g(u, o[kLn2b]), dln, a.res2.data(),
+                          p(u, o[kLn2w]), a.ln2_mean.data(), a.ln2_rstd.data());
+  if (!whole) keep->ln2.assign(dln, dln + static_cast<size_t>(R) * C);
   // res2 = in + attproj(attention(qkv(ln1(in))))
   dout = gather_rows(dx, d_all_.data());
-  k::matmul_backward(gemm_, d_atty_.data(), g(u, o[kProjw]), g(u, o[kProjb]), dout, a.atty.data(),
-                     p(u, o[kProjw]), N, Cl, C);
+  linear_backward(part, d_atty_.data(), g(u, o[kProjw]), g(u, o[kProjb]), dout, a.atty.data(),
+                  p(u, o[kProjw]), N, Cl, C, kept(&BlockGrads::attn_out));
   k::attention_backward(gemm_, d_qkv_.data(), d_att_.data(), d_atty_.data(), a.qkv.data(),
                         a.att.data(), B, T, Cl, NHl_);
+  x = whole ? gather_rows(a.ln1.data(), gathered_.data()) : nullptr;
+  linear_backward(part, d_ln1_.data(), g(u, o[kQkvw]), g(u, o[kQkvb]), d_qkv_.data(), x,
+                  p(u, o[kQkvw]), N, C, 3 * Cl, kept(&BlockGrads::qkv));
+  dln = reduce_input_grad(d_ln1_.data());
+  layernorm_backward_rows(part, dx, g(u, o[kLn1w]), g(u, o[kLn1b]), dln, in, p(u, o[kLn1w]),
+                          a.ln1_mean.data(), a.ln1_rstd.data());
+  if (!whole) keep->ln1.assign(dln, dln + static_cast<size_t>(R) * C);
+}
+
+// The weight gradients block_backward(kInput) left, from the output gradients it kept.
+void Gpt::block_weight_grads(int l, BlockActs& a, const float* in, const BlockGrads& kept) {
+  const int C = cfg_.n_embd, N = N_, Cl = Cl_, u = l + 1;
+  const auto& o = block_offsets_;
+  constexpr auto kW = BackwardPart::kWeight;
+  k::matmul_backward_weight(gemm_, g(u, o[kFcProjw]), g(u, o[kFcProjb]), kept.mlp_out.data(),
+                            a.fch_gelu.data(), N, 4 * Cl, C);
+  const float* x = gather_rows(a.ln2.data(), gathered_.data());
+  k::matmul_backward_weight(gemm_, g(u, o[kFcw]), g(u, o[kFcb]), kept.fch.data(), x, N, C, 4 * Cl);
+  layernorm_backward_rows(kW, nullptr, g(u, o[kLn2w]), g(u, o[kLn2b]), kept.ln2.data(),
+                          a.res2.data(), nullptr, a.ln2_mean.data(), a.ln2_rstd.data());
+  k::matmul_backward_weight(gemm_, g(u, o[kProjw]), g(u, o[kProjb]), kept.attn_out.data(),
+                            a.atty.data(), N, Cl, C);
   x = gather_rows(a.ln1.data(), gathered_.data());
-  k::matmul_backward(gemm_, d_ln1_.data(), g(u, o[kQkvw]), g(u, o[kQkvb]), d_qkv_.data(), x,
-                     p(u, o[kQkvw]), N, C, 3 * Cl);
-  layernorm_backward_rows(dx, g(u, o[kLn1w]), g(u, o[kLn1b]), reduce_input_grad(d_ln1_.data()), in,
-                          p(u, o[kLn1w]), a.ln1_mean.data(), a.ln1_rstd.data());
+  k::matmul_backward_weight(gemm_, g(u, o[kQkvw]), g(u, o[kQkvb]), kept.qkv.data(), x, N, C,
+                            3 * Cl);
+  layernorm_backward_rows(kW, nullptr, g(u, o[kLn1w]), g(u, o[kLn1b]), kept.ln1.data(), in, nullptr,
+                          a.ln1_mean.data(), a.ln1_rstd.data());
 }
 
 // ---- embeddings and loss ----
 
-// resid_[0] (R,C) = wte[token] + wpe[position]. Vocab-parallel: each rank looks up the tokens
+// resid[0] (R,C) = wte[token] + wpe[position]. Vocab-parallel: each rank looks up the tokens
 // its rows of wte hold (zero rows for the rest) and the group's sum is the lookup (g), exact
 // since every other term is 0.
-void Gpt::embed_forward(const int* tokens) {
+void Gpt::embed_forward(Activations& a) {
   const int C = cfg_.n_embd;
-  float* out = resid_[0].data();
+  const int* tokens = a.tokens.data();
+  float* out = a.resid[0].data();
   if (tp_ == 1) {
     k::encoder_forward(out, tokens, p(0, 0), p(0, tensors_[1].offset), B_, T_, C);
     return;
@@ -421,109 +512,180 @@ void Gpt::embed_forward(const int* tokens) {
   k::position_forward(out, p(0, tensors_[1].offset), row_begin_, R_, T_, C);
 }
 
-void Gpt::embed_backward() {
+// The embedding's gradients from dx (R,C), the gradient of its output: it has no input to
+// pass a gradient to, so these are all of its backward.
+void Gpt::embed_weight_grads(const int* tokens, const float* dx) {
   const int C = cfg_.n_embd;
   if (tp_ == 1) {
-    k::encoder_backward(g(0, 0), g(0, tensors_[1].offset), dx_.data(), tokens_.data(), B_, T_, C);
+    k::encoder_backward(g(0, 0), g(0, tensors_[1].offset), dx, tokens, B_, T_, C);
     return;
   }
-  const float* dout = gather_rows(dx_.data(), d_all_.data());
-  k::embedding_shard_backward(g(0, 0), dout, tokens_.data(), vocab_begin_, Vl_, N_, C);
+  const float* dout = gather_rows(dx, d_all_.data());
+  k::embedding_shard_backward(g(0, 0), dout, tokens, vocab_begin_, Vl_, N_, C);
   k::position_backward(g(0, tensors_[1].offset), dout, 0, N_, T_, C);
 }
 
 // Mean cross-entropy of the logits; the logits become probabilities in place.
-float Gpt::loss_forward(const int* targets) {
-  float* probs = logits_.data();
+float Gpt::loss_forward(Activations& a) {
+  float* probs = a.logits.data();
+  const int* targets = a.targets.data();
   if (tp_ == 1) {
-    k::softmax_forward(probs, logits_.data(), N_, cfg_.vocab_size, cfg_.padded_vocab_size);
-    k::crossentropy_forward(losses_.data(), probs, targets, N_, cfg_.padded_vocab_size);
+    k::softmax_forward(probs, probs, N_, cfg_.vocab_size, cfg_.padded_vocab_size);
+    k::crossentropy_forward(a.losses.data(), probs, targets, N_, cfg_.padded_vocab_size);
   } else {
     VocabShard shard{vocab_begin_, Vl_, vocab_valid_};
-    vocab_parallel_cross_entropy(*tp_comm_, probs, losses_.data(), targets, N_, shard,
-                                 {loss_max_.data(), loss_sum_.data(), loss_target_.data()});
+    vocab_parallel_cross_entropy(*tp_comm_, probs, a.losses.data(), targets, N_, shard,
+                                 {a.loss_max.data(), a.loss_sum.data(), a.loss_target.data()});
   }
   double sum = 0;
-  for (float x : losses_) sum += x;
+  for (float x : a.losses) sum += x;
   return static_cast<float>(sum / N_);
 }
 
-void Gpt::loss_backward(float dloss) {
-  if (tp_ == 1)
-    k::crossentropy_softmax_backward_inplace(logits_.data(), dloss, targets_.data(), N_,
-                                             cfg_.vocab_size, cfg_.padded_vocab_size);
-  else
-    vocab_parallel_cross_entropy_backward(logits_.data(), dloss, targets_.data(), N_,
-                                          {vocab_begin_, Vl_, vocab_valid_});
-}
+// ---- the passes ----
 
 float Gpt::forward(const int* tokens, const int* targets, int B, int T) {
+  return forward_units(acts_, 0, cfg_.n_layer + 1, tokens, targets, B, T, nullptr);
+}
+
+void Gpt::backward(float scale) {
+  backward_units(acts_, scale, nullptr, BackwardPart::kWhole);
+}
+
+float Gpt::forward_units(Activations& a, int first, int last, const int* tokens, const int* targets,
+                         int B, int T, const float* input) {
+  const int C = cfg_.n_embd, L = cfg_.n_layer, head = L + 1;
+  LOOM_CHECK(first >= 0 && first <= last && last <= head);
+  LOOM_CHECK(first > 0 || tokens);
+  LOOM_CHECK(first == 0 || input);
   if (T > cfg_.block_size)
     throw UserError("sequence length " + std::to_string(T) + " exceeds the model's block size " +
                         std::to_string(cfg_.block_size),
                     "lower train.seq_len or pick a model with a longer context");
+  const bool with_loss = last == head && targets;
   for (int i = 0; i < B * T; ++i)
-    if (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size ||
-        (targets && (targets[i] < 0 || targets[i] >= cfg_.vocab_size)))
+    if ((first == 0 && (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size)) ||
+        (with_loss && (targets[i] < 0 || targets[i] >= cfg_.vocab_size)))
       throw UserError(
           "token id out of range for a vocabulary of " + std::to_string(cfg_.vocab_size),
           "the data was prepared with another tokenizer?");
   LOOM_CHECK_MSG(tp_ == 1 || tp_comm_, "a tensor-parallel model needs set_tp_comm()");
-  allocate(B, T);
-  tokens_.assign(tokens, tokens + B * T);
-  have_targets_ = targets != nullptr;
-  if (targets) targets_.assign(targets, targets + B * T);
-  const int C = cfg_.n_embd, L = cfg_.n_layer, head = L + 1;
-  use(0);
-  embed_forward(tokens);
-  done(0);
-  for (int l = 0; l < L; ++l) {
+  LOOM_CHECK_MSG(!a.weights_pending, "a forward over activations whose weight gradients are due");
+  allocate_scratch(B, T);
+  prepare(a, first, last, B, T);
+  if (first == 0) a.tokens.assign(tokens, tokens + B * T);
+  a.have_targets = with_loss;
+  if (with_loss) a.targets.assign(targets, targets + B * T);
+  if (first == 0) {
+    use(0);
+    embed_forward(a);
+    done(0);
+  } else {
+    std::copy(input, input + static_cast<size_t>(R_) * C, a.resid[0].begin());
+  }
+  const int fb = first_block(a);
+  for (int l = fb; l <= last_block(a); ++l) {
     use(l + 1);
-    block_forward(l, acts_of(l), resid_[l].data(), resid_[l + 1].data());
+    block_forward(l, acts_of(a, l), a.resid[l - fb].data(), a.resid[l - fb + 1].data());
     done(l + 1);
   }
+  if (last != head) return 0;
   use(head);
-  k::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), resid_[L].data(),
+  k::layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), a.resid.back().data(),
                        p(head, 0), p(head, C), R_, C);
   done(head);
   // The tied head is column-parallel over the vocabulary: f before it.
-  const float* x = gather_rows(lnf_.data(), lnf_all_.data());
+  const float* x = gather_rows(a.lnf.data(), a.lnf_all.data());
   use(0);
-  k::matmul_forward(gemm_, logits_.data(), x, p(0, 0), nullptr, N_, C, Vl_);
+  k::matmul_forward(gemm_, a.logits.data(), x, p(0, 0), nullptr, N_, C, Vl_);
   done(0);
-  if (!targets) return 0;
-  return loss_forward(targets);
+  return with_loss ? loss_forward(a) : 0;
 }
 
-void Gpt::backward(float scale) {
-  LOOM_CHECK_MSG(have_targets_, "backward() needs a forward() with targets");
-  have_targets_ = false;  // the probabilities are consumed in place below
-  const int C = cfg_.n_embd, L = cfg_.n_layer, head = L + 1;
-  float* dlogits = logits_.data();
-  loss_backward(scale / static_cast<float>(N_));
-  std::fill(d_lnf_.begin(), d_lnf_.end(), 0.0f);
-  use(0);
-  k::matmul_backward(gemm_, d_lnf_.data(), g(0, 0), nullptr, dlogits,
-                     sp_ ? lnf_all_.data() : lnf_.data(), p(0, 0), N_, C, Vl_);
-  done(0);
-  std::fill(dx_.begin(), dx_.end(), 0.0f);
-  use(head);
-  layernorm_backward_rows(dx_.data(), g(head, 0), g(head, C), reduce_input_grad(d_lnf_.data()),
-                          resid_[L].data(), p(head, 0), lnf_mean_.data(), lnf_rstd_.data());
-  done(head);
-  if (hooks_) hooks_->grads_ready(head);
-  for (int l = L - 1; l >= 0; --l) {
-    use(l + 1);
-    BlockActs& a = acts_of(l);
-    if (recomputed(l)) block_forward(l, a, resid_[l].data(), resid_[l + 1].data());
-    block_backward(l, a, resid_[l].data(), dx_.data());
-    done(l + 1);
-    if (hooks_) hooks_->grads_ready(l + 1);
+void Gpt::backward_units(Activations& a, float scale, const float* dout, BackwardPart part) {
+  const int C = cfg_.n_embd, L = cfg_.n_layer, head = L + 1, fb = first_block(a);
+  const bool whole = part == BackwardPart::kWhole;
+  const size_t rc = static_cast<size_t>(R_) * C;
+  LOOM_CHECK_MSG(a.weights_pending == (part == BackwardPart::kWeight),
+                 "backward parts out of order (B, then W; or BW)");
+  if (part == BackwardPart::kWeight) {
+    // The weight gradients in the order a whole backward computes them.
+    if (a.last == head) {
+      use(0);
+      k::matmul_backward_weight(gemm_, g(0, 0), nullptr, a.logits.data(),
+                                sp_ ? a.lnf_all.data() : a.lnf.data(), N_, C, Vl_);
+      done(0);
+      if (a.first > 0) ready(0);
+      use(head);
+      layernorm_backward_rows(part, nullptr, g(head, 0), g(head, C), a.d_lnf.data(),
+                              a.resid.back().data(), nullptr, a.lnf_mean.data(), a.lnf_rstd.data());
+      done(head);
+      ready(head);
+    }
+    for (int l = last_block(a); l >= fb; --l) {
+      use(l + 1);
+      BlockActs& b = acts_of(a, l);
+      if (recomputed(l)) block_forward(l, b, a.resid[l - fb].data(), a.resid[l - fb + 1].data());
+      block_weight_grads(l, b, a.resid[l - fb].data(), a.grads[l - fb]);
+      done(l + 1);
+      ready(l + 1);
+    }
+    if (a.first == 0) {
+      use(0);
+      embed_weight_grads(a.tokens.data(), a.d_embed.data());
+      done(0);
+      ready(0);
+    }
+    a.weights_pending = false;
+    return;
   }
-  use(0);
-  embed_backward();
-  done(0);
-  if (hooks_) hooks_->grads_ready(0);
+  if (a.last == head) {
+    LOOM_CHECK_MSG(a.have_targets, "backward needs a forward with targets");
+    a.have_targets = false;  // the probabilities are consumed in place below
+    const float dloss = scale / static_cast<float>(N_);
+    if (tp_ == 1)
+      k::crossentropy_softmax_backward_inplace(a.logits.data(), dloss, a.targets.data(), N_,
+                                               cfg_.vocab_size, cfg_.padded_vocab_size);
+    else
+      vocab_parallel_cross_entropy_backward(a.logits.data(), dloss, a.targets.data(), N_,
+                                            {vocab_begin_, Vl_, vocab_valid_});
+    std::fill(d_lnf_.begin(), d_lnf_.end(), 0.0f);
+    use(0);
+    linear_backward(part, d_lnf_.data(), g(0, 0), nullptr, a.logits.data(),
+                    sp_ ? a.lnf_all.data() : a.lnf.data(), p(0, 0), N_, C, Vl_, nullptr);
+    done(0);
+    if (whole && a.first > 0) ready(0);
+    std::fill(dx_.begin(), dx_.end(), 0.0f);
+    use(head);
+    const float* dln = reduce_input_grad(d_lnf_.data());
+    layernorm_backward_rows(part, dx_.data(), g(head, 0), g(head, C), dln, a.resid.back().data(),
+                            p(head, 0), a.lnf_mean.data(), a.lnf_rstd.data());
+    if (!whole) a.d_lnf.assign(dln, dln + rc);
+    done(head);
+    if (whole) ready(head);
+  } else {
+    std::copy(dout, dout + rc, dx_.begin());
+  }
+  for (int l = last_block(a); l >= fb; --l) {
+    use(l + 1);
+    BlockActs& b = acts_of(a, l);
+    if (recomputed(l)) block_forward(l, b, a.resid[l - fb].data(), a.resid[l - fb + 1].data());
+    block_backward(l, b, a.resid[l - fb].data(), dx_.data(), part,
+                   whole ? nullptr : &a.grads[l - fb]);
+    done(l + 1);
+    if (whole) ready(l + 1);
+  }
+  if (a.first > 0) {
+    std::copy(dx_.begin(), dx_.end(), a.input_grad.begin());
+  } else if (whole) {
+    use(0);
+    embed_weight_grads(a.tokens.data(), dx_.data());
+    done(0);
+    ready(0);
+  } else {
+    a.d_embed.assign(dx_.begin(), dx_.end());
+  }
+  a.weights_pending = !whole;
 }
 
 }  // namespace loom::model

@@ -32,6 +32,7 @@
 // into logit gradients in place.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -84,6 +85,51 @@ class UnitHooks {
   virtual void grads_ready(int /*unit*/) {}
 };
 
+// Which part of a backward pass to run. Zero-bubble pipeline schedules split it
+// (parallel/pipeline_schedule.h: B on the critical path, W later, into the bubbles).
+enum class BackwardPart {
+  kWhole,   // input and weight gradients together (BW)
+  kInput,   // input gradients only; what the weight gradients need is kept (B)
+  kWeight,  // the weight gradients an earlier kInput left (W)
+};
+
+// What one microbatch's forward through a run of units keeps for that run's backward:
+// block inputs on the residual stream, each block's activations (none for a recomputed
+// block), the final norm, logits and losses; between a kInput and a kWeight backward, the
+// output gradients the weight gradients need. A pipeline keeps one per microbatch in
+// flight; Gpt::forward() uses one of its own.
+class Activations {
+ public:
+  size_t bytes() const;  // all of it
+  // What the blocks keep for backward: each block's input on the residual stream and its
+  // activations (Korthikanti et al.'s per-layer activation memory, summed over the blocks).
+  size_t block_bytes() const;
+
+  struct Block {  // what one block's backward reads
+    std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch,
+        fch_gelu;
+    size_t floats() const;
+  };
+  struct BlockGrads {  // output gradients of the block's weighted layers, from B for W
+    std::vector<float> mlp_out, fch, ln2, attn_out, qkv, ln1;
+    size_t floats() const;
+  };
+
+ private:
+  friend class Gpt;
+  int B = 0, T = 0, first = 0, last = -1, recompute_every = -1;
+  std::vector<int> tokens, targets;
+  bool have_targets = false;
+  bool weights_pending = false;           // a kInput ran, its kWeight not yet
+  std::vector<std::vector<float>> resid;  // input of each block of the run, then its output
+  std::vector<Block> blocks;              // per block of the run
+  std::vector<BlockGrads> grads;          // per block of the run, kInput to kWeight
+  std::vector<float> lnf, lnf_mean, lnf_rstd, lnf_all, logits, losses;
+  std::vector<float> loss_max, loss_sum, loss_target;  // vocab-parallel loss, per row
+  std::vector<float> d_lnf, d_embed;  // kInput to kWeight: final norm's, embedding's output grads
+  std::vector<float> input_grad;      // the run's input gradient (R,C) when it has no embedding
+};
+
 class Gpt {
  public:
   // With own_storage the model allocates the flat parameter and gradient buffers and binds
@@ -115,8 +161,9 @@ class Gpt {
   void init(uint64_t seed);  // own_storage only
   // The same values for elements [begin, end) of the flat layout, written to out[0..).
   void init_params(uint64_t seed, size_t begin, size_t end, float* out) const;
-  // Mean cross-entropy over B*T positions; keeps what backward() needs.
-  // targets may be null (inference: logits() valid, returns 0).
+
+  // The whole model on one micro-batch: the mean cross-entropy over B*T positions; keeps
+  // what backward() needs. targets may be null (inference: logits() valid, returns 0).
   float forward(const int* tokens, const int* targets, int B, int T);
   // Accumulates scale * d(mean loss)/d(params) into the gradients (callers zero them first;
   // scale = 1/grad_accum averages micro-batches).
@@ -124,42 +171,63 @@ class Gpt {
   void zero_grad();
   // (B*T, Vp) logits of the last forward without targets ((B*T, Vp/t): this rank's
   // vocabulary columns, under tensor parallelism).
-  const float* logits() const { return logits_.data(); }
-  // Bytes of activation buffers currently allocated.
+  const float* logits() const { return acts_.logits.data(); }
+
+  // A run of consecutive units [first, last] on one microbatch in `a` (a pipeline stage).
+  // It starts from tokens (B,T) when first == 0, else from `input`, this rank's R rows of
+  // the residual stream (R = rows(B, T)); it ends in the loss over `targets` (returned;
+  // null: inference) when last is the final unit, else its output is left in output(a).
+  // The tied head reads unit 0's wte, so a run ending in the loss uses unit 0 too.
+  float forward_units(Activations& a, int first, int last, const int* tokens, const int* targets,
+                      int B, int T, const float* input);
+  // Its backward in reverse, `part` of it: dout (R,C) is the gradient of the output (unused
+  // when the run ended in the loss); the input's gradient is left in input_grad(a) (when
+  // first > 0). Gradients accumulate with scale as in backward(); UnitHooks::grads_ready
+  // fires for a unit when its weight gradients are done (kWhole, kWeight).
+  void backward_units(Activations& a, float scale, const float* dout, BackwardPart part);
+  const float* output(const Activations& a) const { return a.resid.back().data(); }
+  const float* input_grad(const Activations& a) const { return a.input_grad.data(); }
+  // Rows of the residual stream a rank holds for a (B,T) micro-batch.
+  int rows(int B, int T) const { return sp_ ? B * T / tp_ : B * T; }
+
+  // Bytes of activation buffers allocated: the model's own forward's and its scratch.
   size_t activation_bytes() const;
-  // Of them, what the blocks keep for backward: each block's input on the residual stream
-  // and the tensors of BlockActs (Korthikanti et al.'s per-layer activation memory, summed
-  // over the layers; the logits and one block's scratch are not in it).
-  size_t block_activation_bytes() const;
+  // Of them, what the blocks keep for backward (Activations::block_bytes).
+  size_t block_activation_bytes() const { return acts_.block_bytes(); }
 
  private:
-  struct BlockActs {  // what one block's backward reads
-    std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch,
-        fch_gelu;
-    size_t floats() const {
-      size_t n = 0;
-      for (const auto* v : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &res2, &ln2, &ln2_mean,
-                            &ln2_rstd, &fch, &fch_gelu})
-        n += v->size();
-      return n;
-    }
-  };
-  void allocate(int B, int T);
+  using BlockActs = Activations::Block;
+  using BlockGrads = Activations::BlockGrads;
+  void allocate_scratch(int B, int T);
+  void prepare(Activations& a, int first, int last, int B, int T) const;
   bool recomputed(int l) const { return recompute_every_ > 0 && l % recompute_every_ == 0; }
-  BlockActs& acts_of(int l) { return recomputed(l) ? recompute_acts_ : blocks_[l]; }
+  BlockActs& acts_of(Activations& a, int l) {
+    return recomputed(l) ? recompute_acts_ : a.blocks[l - first_block(a)];
+  }
+  static int first_block(const Activations& a) { return std::max(a.first, 1) - 1; }
+  int last_block(const Activations& a) const { return std::min(a.last, cfg_.n_layer) - 1; }
   void block_forward(int l, BlockActs& a, const float* in, float* out);
-  void block_backward(int l, BlockActs& a, const float* in, float* dx);
+  // part kWhole or kInput (then `keep` receives the output gradients for the weights).
+  void block_backward(int l, BlockActs& a, const float* in, float* dx, BackwardPart part,
+                      BlockGrads* keep);
+  void block_weight_grads(int l, BlockActs& a, const float* in, const BlockGrads& kept);
+  // A linear's backward: whole, or the input gradient with dout kept for the weights.
+  void linear_backward(BackwardPart part, float* dinp, float* dw, float* db, const float* dout,
+                       const float* inp, const float* w, int N, int C, int OC,
+                       std::vector<float>* keep);
   // The tensor-parallel edges (model/tp_comm.h); identities without tensor parallelism.
   const float* gather_rows(const float* rows, float* all);  // f forward / g backward
   const float* reduce_input_grad(float* partial);           // f backward
   const float* row_parallel_linear(float* partial, const float* inp, const float* w,
                                    const float* bias, int K);  // linear + g forward
-  void layernorm_backward_rows(float* dx, float* dw, float* db, const float* dout, const float* inp,
-                               const float* w, const float* mean, const float* rstd);
-  void embed_forward(const int* tokens);
-  void embed_backward();
-  float loss_forward(const int* targets);
-  void loss_backward(float dloss);
+  // LayerNorm over the R rows: the input gradient and/or the weight gradients (completed
+  // over the tp group under sequence parallelism).
+  void layernorm_backward_rows(BackwardPart part, float* dx, float* dw, float* db,
+                               const float* dout, const float* inp, const float* w,
+                               const float* mean, const float* rstd);
+  void embed_forward(Activations& a);
+  void embed_weight_grads(const int* tokens, const float* dx);
+  float loss_forward(Activations& a);
   const float* p(int unit, size_t offset) const { return unit_params_[unit] + offset; }
   float* p(int unit, size_t offset) { return unit_params_[unit] + offset; }
   float* g(int unit, size_t offset) { return unit_grads_[unit] + offset; }
@@ -168,6 +236,9 @@ class Gpt {
   }
   void done(int u) {
     if (hooks_) hooks_->after_use(u);
+  }
+  void ready(int u) {
+    if (hooks_) hooks_->grads_ready(u);
   }
 
   GptConfig cfg_;
@@ -189,22 +260,15 @@ class Gpt {
   int recompute_every_ = 0;
   kernels::cpu::Gemm gemm_;
 
-  // Activations. resid_[l] is block l's input on the residual stream, resid_[L] the last
-  // block's output.
-  std::vector<std::vector<float>> resid_;
-  std::vector<BlockActs> blocks_;
-  BlockActs recompute_acts_;
+  Activations acts_;          // forward() / backward()'s
+  BlockActs recompute_acts_;  // a recomputed block's activations, during its backward
   // Forward scratch, not needed by backward: a row-parallel linear's (N,C) output (partial
   // under tensor parallelism), its reduced rows (sequence parallelism), gathered rows.
   std::vector<float> proj_, proj_rows_, gathered_;
-  std::vector<float> lnf_, lnf_mean_, lnf_rstd_, lnf_all_, logits_, losses_;
-  std::vector<float> loss_max_, loss_sum_, loss_target_;  // vocab-parallel loss, per row
   // Backward scratch, one block's worth.
   std::vector<float> dx_, d_ln1_, d_qkv_, d_att_, d_atty_, d_ln2_, d_fch_, d_fch_gelu_, d_lnf_;
   std::vector<float> d_all_, d_rows_, d_lnparams_;  // gathered / reduced gradient rows
-  std::vector<int> tokens_, targets_;
-  int B_ = 0, T_ = 0;
-  bool have_targets_ = false;
+  int B_ = 0, T_ = 0;                               // the scratch's micro-batch shape
 };
 
 }  // namespace loom::model

@@ -39,6 +39,12 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);
+// Its two halves, for a backward split into input and weight gradients; each gives the
+// bits layernorm_backward gives for its outputs.
+void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
+                              const float* mean, const float* rstd, int N, int C);
+void layernorm_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* mean, const float* rstd, int N, int C);
 
 // out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (OC); bias may be null. The products run
 // through `gemm` (oneDNN), in its precision (fp32, or bf16 operands with fp32 accumulation).
@@ -46,6 +52,11 @@ void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weigh
                     const float* bias, int N, int C, int OC);
 void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int N, int C, int OC);
+// Its two halves (input gradient; weight and bias gradients), the same products.
+void matmul_backward_input(Gemm& gemm, float* dinp, const float* dout, const float* weight, int N,
+                           int C, int OC);
+void matmul_backward_weight(Gemm& gemm, float* dweight, float* dbias, const float* dout,
+                            const float* inp, int N, int C, int OC);
 // out (N,OC) += bias (OC) on every row (a row-parallel linear's bias, after its reduction).
 void bias_forward(float* out, const float* bias, int N, int OC);
 

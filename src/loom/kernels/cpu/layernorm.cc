@@ -55,4 +55,41 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
 }
 
+void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
+                              const float* mean, const float* rstd, int N, int C) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const float* d = dout + static_cast<size_t>(n) * C;
+    const float* x = inp + static_cast<size_t>(n) * C;
+    float* dx = dinp + static_cast<size_t>(n) * C;
+    const float m = mean[n], s = rstd[n];
+    float dnorm_mean = 0, dnorm_xhat_mean = 0;
+    for (int i = 0; i < C; ++i) {
+      float xhat = (x[i] - m) * s;
+      float dnorm = d[i] * weight[i];
+      dnorm_mean += dnorm;
+      dnorm_xhat_mean += dnorm * xhat;
+    }
+    dnorm_mean /= C;
+    dnorm_xhat_mean /= C;
+    for (int i = 0; i < C; ++i) {
+      float xhat = (x[i] - m) * s;
+      dx[i] += s * (d[i] * weight[i] - dnorm_mean - xhat * dnorm_xhat_mean);
+    }
+  }
+}
+
+void layernorm_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* mean, const float* rstd, int N, int C) {
+  for (int n = 0; n < N; ++n) {  // rows in order, as layernorm_backward accumulates them
+    const float* d = dout + static_cast<size_t>(n) * C;
+    const float* x = inp + static_cast<size_t>(n) * C;
+    const float m = mean[n], s = rstd[n];
+    for (int i = 0; i < C; ++i) {
+      dbias[i] += d[i];
+      dweight[i] += (x[i] - m) * s * d[i];
+    }
+  }
+}
+
 }  // namespace loom::kernels::cpu

@@ -22,7 +22,17 @@ void bias_forward(float* out, const float* bias, int N, int OC) {
 
 void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int N, int C, int OC) {
+  matmul_backward_input(gemm, dinp, dout, weight, N, C, OC);
+  matmul_backward_weight(gemm, dweight, dbias, dout, inp, N, C, OC);
+}
+
+void matmul_backward_input(Gemm& gemm, float* dinp, const float* dout, const float* weight, int N,
+                           int C, int OC) {
   gemm.run({N, C, OC}, {dout, OC, 1}, {weight, C, 1}, {dinp, C, 1}, 1.0f, true);
+}
+
+void matmul_backward_weight(Gemm& gemm, float* dweight, float* dbias, const float* dout,
+                            const float* inp, int N, int C, int OC) {
   gemm.run({OC, C, N}, {dout, 1, OC}, {inp, C, 1}, {dweight, C, 1}, 1.0f, true);
   if (!dbias) return;
   // Column sums: each thread sums a block of columns over all rows (rows are contiguous,
