@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 TOL = 1e-5  # per-step losses of two layouts of the same optimisation, relative
 
@@ -79,6 +80,36 @@ def tree_digest(path):
             with open(p, "rb") as f:
                 h.update(f.read())
     return h.hexdigest()
+
+
+def children(pid):
+    """The pids of pid's child processes."""
+    out = []
+    for task in os.listdir("/proc/%d/task" % pid):
+        with open("/proc/%d/task/%s/children" % (pid, task)) as f:
+            out += [int(x) for x in f.read().split()]
+    return out
+
+
+def rank_pid(launcher_pid, rank):
+    """The pid of the child of a `loom run` launcher that runs `rank`."""
+    for c in children(launcher_pid):
+        try:
+            with open("/proc/%d/environ" % c, "rb") as f:
+                if b"LOOM_RANK=%d\0" % rank in f.read():
+                    return c
+        except OSError:
+            pass
+    return None
+
+
+def wait_for(pred, timeout, what):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    fail("timed out waiting for " + what)
 
 
 class Trainer:

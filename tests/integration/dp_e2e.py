@@ -26,8 +26,8 @@ import subprocess
 import sys
 import time
 
-from common import (TOL, Trainer, compare, fail, free_port, losses, metrics,  # noqa: E402
-                    prepare_data, run, tree_digest)
+from common import (TOL, Trainer, children, compare, fail, free_port, losses,  # noqa: E402
+                    metrics, prepare_data, rank_pid, run, tree_digest, wait_for)
 
 LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -118,34 +118,6 @@ def equivalence():
     # unit of stages 2-3 costs about what sharding saves: only these orders hold for it.)
     if not (z0[(4, 1)] < z0[(4, 0)] and z0[(4, 3)] < z0[(4, 0)] and z0[(4, 3)] < z0[(2, 3)]):
         fail("model state should shrink with sharding: %s" % z0)
-
-
-def children(pid):
-    out = []
-    for task in os.listdir("/proc/%d/task" % pid):
-        with open("/proc/%d/task/%s/children" % (pid, task)) as f:
-            out += [int(x) for x in f.read().split()]
-    return out
-
-
-def rank_pid(launcher_pid, rank):
-    for c in children(launcher_pid):
-        try:
-            with open("/proc/%d/environ" % c, "rb") as f:
-                if b"LOOM_RANK=%d\0" % rank in f.read():
-                    return c
-        except OSError:
-            pass
-    return None
-
-
-def wait_for(pred, timeout, what):
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    fail("timed out waiting for " + what)
 
 
 def resume():

@@ -25,9 +25,13 @@ void from_bf16(const uint16_t* in, float* out, size_t n) {
 
 }  // namespace
 
-DataParallel::DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator> dp,
-                           std::shared_ptr<comm::Communicator> mp, DpOptions o)
-    : model_(model), dp_(std::move(dp)), mp_(std::move(mp)), opt_(o) {
+DataParallel::DataParallel(model::Gpt& model, DpGroups groups, DpOptions o)
+    : model_(model),
+      dp_(std::move(groups.dp)),
+      tp_(std::move(groups.tp)),
+      pp_(std::move(groups.pp)),
+      embedding_(std::move(groups.embedding)),
+      opt_(std::move(o)) {
   if (opt_.zero < 0 || opt_.zero > 3)
     throw UserError("train.zero = " + std::to_string(opt_.zero) + " is not a ZeRO stage",
                     "use 0 (data parallel), 1, 2 or 3");
@@ -52,9 +56,12 @@ DataParallel::DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator
   if (S_ == 1 && !replica_group_) opt_.zero = std::min(opt_.zero, 1);
 
   size_t full = 0, shard = 0;
+  const auto& held = opt_.units;
   for (int u = 0; u < model_.num_units(); ++u) {
     Unit x;
     std::tie(x.begin, x.end) = model_.unit_range(u);
+    // A unit another pipeline stage holds is empty here: no buffers, no optimizer range.
+    if (!held.empty() && std::find(held.begin(), held.end(), u) == held.end()) x.end = x.begin;
     x.shard = (x.n() + S_ - 1) / S_;
     x.own_begin = std::min(x.begin + r_ * x.shard, x.end);
     x.own_end = std::min(x.begin + (r_ + 1) * x.shard, x.end);
@@ -92,7 +99,9 @@ DataParallel::DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator
       adam_.push_back(std::make_unique<optim::AdamW>(decay, x.begin, x.end));
     else
       adam_.push_back(std::make_unique<optim::AdamW>(decay, x.own_begin, x.own_end));
-    if (opt_.zero <= 1)
+    if (x.n() == 0)
+      model_.bind_unit(u, nullptr, nullptr);
+    else if (opt_.zero <= 1)
       model_.bind_unit(u, params_.data() + x.full_off, grads_.data() + x.full_off);
     else if (opt_.zero == 2)
       model_.bind_unit(u, params_.data() + x.full_off, nullptr);
@@ -153,8 +162,10 @@ float* DataParallel::full_param(int u) {
 
 // A tensor split across the model-parallel group counts on every rank (each holds its own
 // part); a replicated one on the group's first rank only.
+// The tied embedding's copy on the last pipeline stage counts on the first stage only.
 bool DataParallel::counted_here(const model::Tensor& t) const {
-  return !t.replicated || !mp_ || mp_->rank() == 0;
+  if (opt_.unit0_is_head_copy && t.unit == 0) return false;
+  return !t.replicated || !tp_ || tp_->rank() == 0;
 }
 
 template <typename Fn>
@@ -208,20 +219,28 @@ void DataParallel::check_replicas(const std::string& when, bool across_dp) {
   if (across_dp && dp_ && opt_.zero < 3)
     compare(*dp_, checksum64(params_.data(), params_.size() * sizeof(float)),
             "the data-parallel replicas");
-  if (!mp_) return;
-  Checksum64 sum;
-  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
-    const Unit& x = units_[u];
+  // The checksum of the tensors this rank holds for which keep(t) holds.
+  auto held_sum = [&](auto keep) {
+    Checksum64 sum;
     const bool sharded = opt_.zero == 3;
-    for_each_slice(u, sharded ? x.own_begin : x.begin, sharded ? x.own_end : x.end,
-                   [&](const model::Tensor& t, int64_t, int64_t n, size_t a) {
-                     if (!t.replicated) return;
-                     const float* p =
-                         sharded ? own_param(u) + (a - x.own_begin) : full_param(u) + (a - x.begin);
-                     sum.update(p, static_cast<size_t>(n) * sizeof(float));
-                   });
-  }
-  compare(*mp_, sum.value(), "replicated tensors (LayerNorms, wpe, row-parallel biases)");
+    for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+      const Unit& x = units_[u];
+      for_each_slice(u, sharded ? x.own_begin : x.begin, sharded ? x.own_end : x.end,
+                     [&](const model::Tensor& t, int64_t, int64_t n, size_t a) {
+                       if (!keep(t)) return;
+                       const float* p = sharded ? own_param(u) + (a - x.own_begin)
+                                                : full_param(u) + (a - x.begin);
+                       sum.update(p, static_cast<size_t>(n) * sizeof(float));
+                     });
+    }
+    return sum.value();
+  };
+  if (tp_)
+    compare(*tp_, held_sum([](const model::Tensor& t) { return t.replicated; }),
+            "replicated tensors (LayerNorms, wpe, row-parallel biases)");
+  if (embedding_)
+    compare(*embedding_, held_sum([](const model::Tensor& t) { return t.name == "wte"; }),
+            "the tied embedding's copies on the first and last pipeline stage");
 }
 
 // A tensor's slice [b, b + n) in this rank's part of it, as a checkpoint region.
@@ -368,8 +387,16 @@ double DataParallel::finish_gradients() {
                                                       DType::kF32, ReduceOp::kAvg));
     for (auto& w : works) wait(w);
   }
+  // The tied embedding: the first stage's gradient of wte and the last stage's (its head
+  // copy) add up, and both copies take the sum, so they stay equal.
+  if (embedding_) {
+    const int u = 0;
+    const size_t n = adam_[u]->end() - adam_[u]->begin();
+    timed([&] { embedding_->allreduce(own_grad(u), own_grad(u), n, DType::kF32, ReduceOp::kSum); });
+  }
   // Stage 0: every rank holds the whole averaged gradient; 1-3: each its slices, summed
-  // over the shard group; then the model-parallel parts, replicated tensors once.
+  // over the shard group; then the other tensor- and pipeline-parallel parts, replicated
+  // tensors once.
   double ss = 0;
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     const size_t base = adam_[u]->begin();
@@ -380,7 +407,8 @@ double DataParallel::finish_gradients() {
   }
   if (opt_.zero > 0 && S_ > 1)
     timed([&] { shard_group_->allreduce(&ss, &ss, 1, DType::kF64, ReduceOp::kSum); });
-  if (mp_) timed([&] { mp_->allreduce(&ss, &ss, 1, DType::kF64, ReduceOp::kSum); });
+  for (auto* group : {&tp_, &pp_})
+    if (*group) timed([&] { (*group)->allreduce(&ss, &ss, 1, DType::kF64, ReduceOp::kSum); });
   return std::sqrt(ss);
 }
 
@@ -404,6 +432,16 @@ void DataParallel::optimizer_step(float grad_scale, double lr, const optim::Adam
 }
 
 // ---- hooks ----
+
+void DataParallel::before_backward(bool last_microbatch) {
+  LOOM_CHECK_MSG(opt_.zero <= 1, "pipelines run with ZeRO 0 or 1");
+  phase_ = Phase::kBackward;
+  last_micro_ = last_microbatch;
+}
+
+void DataParallel::after_backward() {
+  phase_ = Phase::kIdle;
+}
 
 int DataParallel::next_use(int u) {
   const int ph = phase_ == Phase::kBackward ? 1 : 0;

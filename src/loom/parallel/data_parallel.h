@@ -45,6 +45,7 @@
 #include "loom/core/state_memory.h"
 #include "loom/model/gpt.h"
 #include "loom/optim/adamw.h"
+#include "loom/parallel/pipeline.h"
 
 namespace loom::parallel {
 
@@ -52,15 +53,25 @@ struct DpOptions {
   int zero = 0;                    // 0..3
   bool shard_within_node = false;  // zero.shard_group = node
   bool comm_bf16 = false;          // gradient reductions in bf16 (sums stay fp32 locally)
+  // Pipeline parallelism: the units this rank's stage holds (empty: all); unit 0 held only
+  // as the tied head's copy of the embedding (the last stage), whose gradient is summed
+  // with the first stage's over the embedding group and which the first stage writes.
+  std::vector<int> units;
+  bool unit0_is_head_copy = false;
 };
 
-class DataParallel : public model::UnitHooks {
+// The groups of the mesh the engine uses; null where one would be this rank alone.
+struct DpGroups {
+  std::shared_ptr<comm::Communicator> dp;         // same part of the model, other data
+  std::shared_ptr<comm::Communicator> tp;         // the other tensor-parallel parts
+  std::shared_ptr<comm::Communicator> pp;         // the other pipeline stages
+  std::shared_ptr<comm::Communicator> embedding;  // first and last stage: the tied embedding
+};
+
+class DataParallel : public model::UnitHooks, public PipelineHooks {
  public:
-  // `dp` (the data-parallel group) and `mp` (the model-parallel group: the ranks that hold
-  // the other parts of this replica of the model) are null when they would be this rank
-  // alone. The model must be built without its own storage.
-  DataParallel(model::Gpt& model, std::shared_ptr<comm::Communicator> dp,
-               std::shared_ptr<comm::Communicator> mp, DpOptions o);
+  // The model must be built without its own storage.
+  DataParallel(model::Gpt& model, DpGroups groups, DpOptions o);
   ~DataParallel() override;
 
   int rank() const { return dp_ ? dp_->rank() : 0; }
@@ -71,9 +82,10 @@ class DataParallel : public model::UnitHooks {
   // function of the element), then checks by checksum that data-parallel replicas (zero
   // 0-2) and the tensor-parallel copies of replicated tensors are identical.
   void init_weights(uint64_t seed);
-  // Error naming the rank when a replicated tensor differs across the model-parallel group
-  // (and, with `across_dp`, when the data-parallel replicas' parameters differ). `when`
-  // names the moment in the message.
+  // Error naming the rank when a replicated tensor differs across the tensor-parallel group
+  // or the tied embedding between the first and last pipeline stage (and, with
+  // `across_dp`, when the data-parallel replicas' parameters differ). `when` names the
+  // moment in the message.
   void check_replicas(const std::string& when, bool across_dp);
   // Reads this rank's part of a checkpoint of any layout.
   void load(const ckpt::Reader& r);
@@ -100,6 +112,9 @@ class DataParallel : public model::UnitHooks {
   void before_use(int u) override;
   void after_use(int u) override;
   void grads_ready(int u) override;
+  // PipelineHooks: the pipeline runs the model's backward itself (ZeRO 0 and 1).
+  void before_backward(bool last_microbatch) override;
+  void after_backward() override;
 
  private:
   struct Unit {
@@ -138,7 +153,7 @@ class DataParallel : public model::UnitHooks {
   bool counted_here(const model::Tensor& t) const;  // in this rank's share of norms and files
 
   model::Gpt& model_;
-  std::shared_ptr<comm::Communicator> dp_, mp_, shard_group_, replica_group_;
+  std::shared_ptr<comm::Communicator> dp_, tp_, pp_, embedding_, shard_group_, replica_group_;
   DpOptions opt_;
   int S_ = 1, r_ = 0;  // shard group size and this rank's index in it
   std::vector<Unit> units_;

@@ -15,7 +15,7 @@ namespace loom::train {
 
 namespace {
 
-using FieldPtr = std::variant<int64_t*, double*, std::string*, bool*>;
+using FieldPtr = std::variant<int64_t*, double*, std::string*, bool*, std::vector<int64_t>*>;
 
 struct Field {
   std::string key;
@@ -67,10 +67,21 @@ std::vector<Field> fields_of(TrainConfig& c) {
       {"train.zero", &c.zero,
        [&] { return c.zero >= 0 && c.zero <= 3 ? "" : "must be 0, 1, 2 or 3"; }},
       {"train.tp", &c.tp, [&] { return at_least(c.tp, 1); }},
-      {"train.pp", &c.pp,
-       [&] { return c.pp == 1 ? "" : "must be 1: pipeline parallelism is not built yet"; }},
+      {"train.pp", &c.pp, [&] { return at_least(c.pp, 1); }},
       {"train.placement", &c.placement, [&] { return std::string(); }},  // checked by the mesh
       {"tp.sequence_parallel", &c.sequence_parallel, [] { return std::string(); }},
+      {"pp.microbatches", &c.pp_microbatches, [&] { return at_least(c.pp_microbatches, 0); }},
+      {"pp.schedule", &c.pp_schedule,
+       [&] {
+         return one_of(c.pp_schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
+       }},
+      {"pp.virtual_stages", &c.pp_virtual_stages, [&] { return at_least(c.pp_virtual_stages, 1); }},
+      {"pp.split", &c.pp_split,
+       [&] {
+         for (int64_t n : c.pp_split)
+           if (n < 1) return std::string("must list unit counts of at least 1");
+         return std::string();
+       }},
       {"zero.shard_group", &c.shard_group,
        [&] {
          return one_of(c.shard_group, {"world", "node"});
@@ -157,6 +168,14 @@ void assign(const Field& f, const toml::node& n) {
         } else if constexpr (std::is_same_v<T, bool>) {
           if (!n.is_boolean()) throw wrong("true or false");
           *p = *n.value<bool>();
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+          const toml::array* a = n.as_array();
+          if (!a) throw wrong("an array of integers");
+          p->clear();
+          for (const toml::node& e : *a) {
+            if (!e.is_integer()) throw wrong("an array of integers");
+            p->push_back(*e.value<int64_t>());
+          }
         } else {
           if (!n.is_string()) throw wrong("a string");
           *p = *n.value<std::string>();
@@ -230,7 +249,10 @@ TrainConfig TrainConfig::load(const std::string& path, const std::vector<std::st
               shown = '"' + *p + '"';
             else if constexpr (std::is_same_v<T, bool>)
               shown = *p ? "true" : "false";
-            else
+            else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+              for (int64_t x : *p) shown += (shown.empty() ? "[" : ", ") + std::to_string(x);
+              shown += shown.empty() ? "[]" : "]";
+            } else
               shown = std::to_string(*p);
           },
           f.ptr);
@@ -278,7 +300,17 @@ std::string TrainConfig::to_toml() const {
   for (const auto& f : fields_of(copy)) {
     const size_t dot = f.key.find('.');
     toml::table& t = sections[f.key.substr(0, dot)];
-    std::visit([&](auto* p) { t.insert(f.key.substr(dot + 1), *p); }, f.ptr);
+    std::visit(
+        [&](auto* p) {
+          if constexpr (std::is_same_v<std::remove_pointer_t<decltype(p)>, std::vector<int64_t>>) {
+            toml::array a;
+            for (int64_t x : *p) a.push_back(x);
+            t.insert(f.key.substr(dot + 1), std::move(a));
+          } else {
+            t.insert(f.key.substr(dot + 1), *p);
+          }
+        },
+        f.ptr);
   }
   toml::table root;
   for (auto& [name, t] : sections) root.insert(name, std::move(t));

@@ -23,6 +23,7 @@
 #include "loom/model/gpt.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
+#include "loom/parallel/pipeline.h"
 #include "loom/parallel/process_groups.h"
 #include "loom/parallel/tensor_parallel.h"
 #include "loom/train/tensorboard.h"
@@ -85,10 +86,9 @@ class Trainer {
   void save(int64_t next_step);
   void log_step(int64_t step, float loss, double lr, double grad_norm, double step_s);
   bool chatty() const { return !opt_.quiet && (rank_ == 0 || all_ranks_log_); }
-  // Small collectives for the loop (timed as communication): sums over every rank and over
-  // the data-parallel group, a rank-major allgather over every rank, a barrier.
+  // Small collectives for the loop (timed as communication): a sum over every rank, a
+  // rank-major allgather over every rank, a barrier.
   std::vector<double> world_sum(std::vector<double> v);
-  std::vector<double> dp_sum(std::vector<double> v);
   std::vector<double> world_gather(const std::vector<double>& v);
   void barrier();
 
@@ -103,6 +103,9 @@ class Trainer {
   parallel::ProcessGroups groups_;
   bool all_ranks_log_ = false;
   std::unique_ptr<parallel::TensorParallel> tp_;
+  std::unique_ptr<parallel::PipelineStage> pipeline_;  // train.pp > 1
+  std::vector<parallel::UnitRange> pieces_;            // units of each virtual stage
+  parallel::ScheduleKind schedule_ = parallel::ScheduleKind::kOneFOneB;
   std::unique_ptr<parallel::DataParallel> dp_;
   std::optional<data::TokenDataset> train_data_, val_data_;
   std::optional<ckpt::Reader> checkpoint_;  // the one to resume from, if any
@@ -176,6 +179,8 @@ void Trainer::save(int64_t next_step) {
                                  {"pp", mesh_->pp()},
                                  {"placement", mesh_->order()},
                                  {"sequence_parallel", cfg_.sequence_parallel},
+                                 {"pp_schedule", cfg_.pp_schedule},
+                                 {"pp_virtual_stages", cfg_.pp_virtual_stages},
                                  {"zero", cfg_.zero}};
   nlohmann::json meta = {{"next_step", next_step},   {"loader_step", next_step},
                          {"seed", cfg_.seed},        {"model", model_cfg_.to_json()},
@@ -196,23 +201,29 @@ float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop
   loader_->batch(static_cast<uint64_t>(step), x_.data(), y_.data());
   dp_->zero_grad();
   double loss_sum = 0;
-  for (int64_t a = 0; a < cfg_.grad_accum; ++a) {
-    loss_sum += dp_->forward(x_.data() + a * mbt, y_.data() + a * mbt, mb, T);
-    dp_->backward(1.0f / static_cast<float>(cfg_.grad_accum), a + 1 == cfg_.grad_accum);
+  const float scale = 1.0f / static_cast<float>(cfg_.grad_accum);
+  if (pipeline_) {  // the microbatches are the accumulation steps
+    loss_sum = pipeline_->train_step(x_.data(), y_.data(), mb, T, scale, dp_.get());
+  } else {
+    for (int64_t a = 0; a < cfg_.grad_accum; ++a) {
+      loss_sum += dp_->forward(x_.data() + a * mbt, y_.data() + a * mbt, mb, T);
+      dp_->backward(scale, a + 1 == cfg_.grad_accum);
+    }
   }
   const double norm = dp_->finish_gradients();
   *grad_norm = norm;
-  const float scale = cfg_.grad_clip > 0 && norm > cfg_.grad_clip
-                          ? static_cast<float>(cfg_.grad_clip / norm)
-                          : 1.0f;
-  dp_->optimizer_step(scale, lr, cfg_.adamw(), step + 1);
-  // The mean loss over all ranks (the tensor-parallel ranks of a replica compute the same
-  // loss), and whether any rank was asked to stop (every rank must stop after the same
-  // step, or the checkpoint they save together would not match).
+  const float clip = cfg_.grad_clip > 0 && norm > cfg_.grad_clip
+                         ? static_cast<float>(cfg_.grad_clip / norm)
+                         : 1.0f;
+  dp_->optimizer_step(clip, lr, cfg_.adamw(), step + 1);
+  // The mean loss over the data-parallel replicas (the last pipeline stage computes it, the
+  // tensor-parallel ranks of a stage the same value, other stages report 0), and whether
+  // any rank was asked to stop (every rank must stop after the same step, or the
+  // checkpoint they save together would not match).
   const auto sums = world_sum(
       {loss_sum / static_cast<double>(cfg_.grad_accum), g_stop_signal.load() ? 1.0 : 0.0});
   *stop = sums[1] > 0;
-  return static_cast<float>(sums[0] / world_);
+  return static_cast<float>(sums[0] / (mesh_->dp() * mesh_->tp()));
 }
 
 // Each data-parallel replica evaluates every dp-th batch; rounds stay in step on all ranks
@@ -226,24 +237,18 @@ double Trainer::evaluate() {
   for (int64_t first = 0; first < n; first += mesh_->dp()) {  // the same batches every time
     const int64_t i = first + coord_.dp;
     val_loader_->batch(static_cast<uint64_t>(i % n), x.data(), y.data());
-    const double loss = dp_->forward(x.data(), y.data(), mb, T);
+    const double loss = pipeline_ ? pipeline_->forward_only(x.data(), y.data(), mb, T, 1)
+                                  : dp_->forward(x.data(), y.data(), mb, T);
     if (i < n) sum += loss;
   }
-  return dp_sum({sum})[0] / static_cast<double>(n);
+  // Summed over every rank: each replica's last stage counted once per tensor-parallel rank.
+  return world_sum({sum})[0] / static_cast<double>(n * mesh_->tp());
 }
 
 std::vector<double> Trainer::world_sum(std::vector<double> v) {
   if (groups_.world)
     dp_->timed([&] {
       groups_.world->allreduce(v.data(), v.data(), v.size(), DType::kF64, comm::ReduceOp::kSum);
-    });
-  return v;
-}
-
-std::vector<double> Trainer::dp_sum(std::vector<double> v) {
-  if (groups_.dp)
-    dp_->timed([&] {
-      groups_.dp->allreduce(v.data(), v.data(), v.size(), DType::kF64, comm::ReduceOp::kSum);
     });
   return v;
 }
@@ -331,7 +336,36 @@ void Trainer::plan_layout() {
                                 cfg_.placement);
   coord_ = mesh_->coord(rank_);
   model_cfg_.validate_split(mesh_->tp());
+  const int P = mesh_->pp(), V = static_cast<int>(cfg_.pp_virtual_stages);
+  if (P == 1 && (V > 1 || !cfg_.pp_split.empty()))
+    throw UserError("pp.virtual_stages and pp.split need pipeline parallelism (train.pp > 1)",
+                    "set train.pp, or leave the pp section out");
+  // A pipeline's microbatches are the step's accumulation micro-batches.
+  if (cfg_.pp_microbatches > 0) {
+    if (cfg_.grad_accum != 0 && cfg_.grad_accum != cfg_.pp_microbatches)
+      throw UserError("pp.microbatches = " + std::to_string(cfg_.pp_microbatches) +
+                          " disagrees with train.grad_accum = " + std::to_string(cfg_.grad_accum),
+                      "a pipeline's microbatches are the accumulation steps: set one of them");
+    cfg_.grad_accum = cfg_.pp_microbatches;
+  }
   cfg_.resolve_batch(mesh_->dp());
+  if (P > 1) {
+    if (cfg_.zero >= 2)
+      throw UserError("train.zero = " + std::to_string(cfg_.zero) +
+                          " with train.pp = " + std::to_string(P) + " is not built yet",
+                      "use train.zero = 0 or 1 with pipeline parallelism");
+    schedule_ = parallel::schedule_kind(cfg_.pp_schedule);
+    parallel::make_schedule(schedule_, P, static_cast<int>(cfg_.grad_accum), V);  // checks M, V
+    const int units = model_cfg_.n_layer + 2;
+    if (cfg_.pp_split.empty()) {
+      pieces_ = parallel::balance_units(
+          parallel::gpt_unit_costs(model_cfg_.n_layer, model_cfg_.n_embd, model_cfg_.vocab_size,
+                                   static_cast<int>(cfg_.seq_len)),
+          P * V);
+    } else {
+      pieces_ = parallel::split_units({cfg_.pp_split.begin(), cfg_.pp_split.end()}, units, P * V);
+    }
+  }
   if (cfg_.seq_len > model_cfg_.block_size)
     throw UserError("train.seq_len = " + std::to_string(cfg_.seq_len) + " exceeds the context of " +
                         model_cfg_.name + " (" + std::to_string(model_cfg_.block_size) + ")",
@@ -377,7 +411,14 @@ int Trainer::run() {
   dpo.zero = static_cast<int>(cfg_.zero);
   dpo.shard_within_node = cfg_.shard_group == "node";
   dpo.comm_bf16 = cfg_.comm_dtype == "bf16";
-  dp_ = std::make_unique<parallel::DataParallel>(*model_, groups_.dp, groups_.tp, dpo);
+  if (mesh_->pp() > 1) {
+    pipeline_ = std::make_unique<parallel::PipelineStage>(*model_, groups_.pp, pieces_, schedule_,
+                                                          static_cast<int>(cfg_.grad_accum));
+    dpo.units = pipeline_->units();
+    dpo.unit0_is_head_copy = pipeline_->last() && !pipeline_->first();
+  }
+  dp_ = std::make_unique<parallel::DataParallel>(
+      *model_, parallel::DpGroups{groups_.dp, groups_.tp, groups_.pp, groups_.embedding}, dpo);
   if (rank_ == 0) {
     fs::create_directories(cfg_.run_dir);
     write_file_atomic(cfg_.run_dir + "/config.toml", cfg_.to_toml());
@@ -411,6 +452,11 @@ int Trainer::run() {
         cfg_.dtype.c_str(), threads, peak_gflops_);
     std::printf("loom: layout %s%s\n", mesh_->describe().c_str(),
                 cfg_.sequence_parallel && mesh_->tp() > 1 ? ", sequence parallel" : "");
+    if (pipeline_)
+      std::printf("loom: pipeline %s, %lld microbatches, %d chunk(s) per stage: %s\n",
+                  cfg_.pp_schedule.c_str(), static_cast<long long>(cfg_.grad_accum),
+                  static_cast<int>(cfg_.pp_virtual_stages),
+                  parallel::describe_stages(pieces_, model_cfg_.n_layer).c_str());
   }
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);

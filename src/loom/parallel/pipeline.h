@@ -1,0 +1,83 @@
+// The pipeline executor: runs one stage's actions of a schedule (parallel/pipeline_schedule.h)
+// for one optimizer step, moving activations and their gradients between neighbouring
+// stages.
+//
+// Transfers. Every directed link between two stages and each kind of message (activations
+// forward, gradients backward) is its own two-rank communicator, split from the pipeline
+// group: on a link one rank only sends and the other only receives, in the order the
+// validated schedule guarantees to be the same on both ends. Sends are asynchronous (the
+// link's worker thread moves the data while this rank computes) from buffers that live
+// until the step ends; receives block when the action needs their data. Operations of one
+// communicator run in call order, so with one communicator per pipeline group a rank's
+// receive could wait behind its own large send, which waits for a neighbour stuck the same
+// way; per-link communicators cannot, whatever the message size against the shared-memory
+// ring (and with P = 2 the two directions and two kinds between the same pair of ranks stay
+// apart — Megatron's issue 750).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "loom/comm/communicator.h"
+#include "loom/model/gpt.h"
+#include "loom/parallel/pipeline_schedule.h"
+#include "loom/parallel/pipeline_stages.h"
+
+namespace loom::parallel {
+
+// Told before each backward action which microbatch it is (data parallelism reduces a
+// unit's gradients once per step, after the microbatch that finishes them).
+class PipelineHooks {
+ public:
+  virtual ~PipelineHooks() = default;
+  virtual void before_backward(bool last_microbatch) = 0;
+  virtual void after_backward() = 0;
+};
+
+class PipelineStage {
+ public:
+  // `pp` is the pipeline group (null for one stage); `pieces` the units of each of the
+  // P*V virtual stages (chunk c of stage s is piece c*P + s). Collective over `pp`.
+  PipelineStage(model::Gpt& model, std::shared_ptr<comm::Communicator> pp,
+                std::vector<UnitRange> pieces, ScheduleKind kind, int microbatches);
+
+  int stage() const { return stage_; }
+  int stages() const { return P_; }
+  bool first() const { return stage_ == 0; }
+  bool last() const { return stage_ == P_ - 1; }
+  const std::vector<StageActions>& schedule() const { return schedule_; }
+  // Every unit this rank's chunks run, ascending (with unit 0 on the last stage: the tied
+  // head's copy of the embedding).
+  std::vector<int> units() const;
+
+  // One step: microbatch m's tokens and targets are tokens[m*B*T ...]; gradients accumulate
+  // scaled by `scale` per microbatch (1/M averages them). Returns the sum of the
+  // microbatches' losses on the last stage, 0 elsewhere.
+  double train_step(const int* tokens, const int* targets, int B, int T, float scale,
+                    PipelineHooks* hooks);
+  // Forward only (evaluation): microbatches one after the other through every chunk.
+  double forward_only(const int* tokens, const int* targets, int B, int T, int microbatches);
+
+ private:
+  struct Link {  // a two-rank communicator: rank 0 sends, rank 1 receives
+    std::shared_ptr<comm::Communicator> comm;
+    std::vector<float> staging;  // the receiver's buffer
+  };
+  enum Kind { kActivation, kGradient };
+  Link* link(Kind kind, int from, int to);
+  double forward_action(int m, int chunk, const int* tokens, const int* targets, int B, int T);
+  const float* receive(Kind kind, int from, size_t n);
+  void send(Kind kind, int to, const float* data, size_t n);
+  void wait_sends();
+
+  model::Gpt& model_;
+  std::shared_ptr<comm::Communicator> pp_;
+  std::vector<UnitRange> pieces_;
+  int P_ = 1, V_ = 1, M_ = 1, stage_ = 0;
+  std::vector<StageActions> schedule_;
+  std::vector<Link> links_;  // [kind][from][to], flattened; null comm where no link
+  std::vector<std::vector<model::Activations>> acts_;  // [microbatch][chunk]
+  std::vector<comm::WorkPtr> sends_;
+};
+
+}  // namespace loom::parallel
