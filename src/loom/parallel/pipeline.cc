@@ -1,6 +1,7 @@
 #include "loom/parallel/pipeline.h"
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 
 #include "loom/core/check.h"
@@ -12,8 +13,9 @@ using loom::DType;
 PipelineStage::PipelineStage(model::Gpt& model, std::shared_ptr<comm::Communicator> pp,
                              std::vector<UnitRange> pieces, ScheduleKind kind, int microbatches)
     : model_(model), pp_(std::move(pp)), pieces_(std::move(pieces)), M_(microbatches) {
-  P_ = pp_ ? pp_->size() : 1;
-  stage_ = pp_ ? pp_->rank() : 0;
+  LOOM_CHECK_MSG(pp_ && pp_->size() > 1, "a pipeline needs at least two stages");
+  P_ = pp_->size();
+  stage_ = pp_->rank();
   LOOM_CHECK(!pieces_.empty() && pieces_.size() % P_ == 0);
   V_ = static_cast<int>(pieces_.size()) / P_;
   schedule_ = make_schedule(kind, P_, M_, V_);
@@ -35,7 +37,39 @@ PipelineStage::PipelineStage(model::Gpt& model, std::shared_ptr<comm::Communicat
     if (member) links_[(kind_ * P_ + from) * P_ + to].comm = std::move(c);
     ++index;
   }
-  acts_.assign(M_, std::vector<model::Activations>(V_));
+  acts_.resize(M_);
+  for (auto& a : acts_) a.resize(V_);
+}
+
+model::Activations& PipelineStage::hold(int m, int chunk) {
+  auto& slot = acts_[m][chunk];
+  if (!slot) {
+    if (pool_.empty()) {
+      slot = std::make_unique<model::Activations>();
+    } else {
+      slot = std::move(pool_.back());
+      pool_.pop_back();
+      // Its buffers may still be going out to a neighbour.
+      auto it = sending_from_.find(slot.get());
+      if (it != sending_from_.end()) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (auto& w : it->second) w->wait();
+        wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        sending_from_.erase(it);
+      }
+    }
+  }
+  return *slot;
+}
+
+void PipelineStage::release(int m, int chunk) {
+  size_t bytes = 0, block_bytes = 0;  // what was held with this chunk still in
+  for (const auto& row : acts_)
+    for (const auto& a : row)
+      if (a) bytes += a->bytes(), block_bytes += a->block_bytes();
+  peak_bytes_ = std::max(peak_bytes_, bytes);
+  peak_block_bytes_ = std::max(peak_block_bytes_, block_bytes);
+  pool_.push_back(std::move(acts_[m][chunk]));
 }
 
 std::vector<int> PipelineStage::units() const {
@@ -57,17 +91,24 @@ PipelineStage::Link* PipelineStage::link(Kind kind, int from, int to) {
 const float* PipelineStage::receive(Kind kind, int from, size_t n) {
   Link* l = link(kind, from, stage_);
   l->staging.resize(n);
+  const auto t0 = std::chrono::steady_clock::now();
   l->comm->recv(l->staging.data(), n, DType::kF32, 0);
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return l->staging.data();
 }
 
-void PipelineStage::send(Kind kind, int to, const float* data, size_t n) {
+void PipelineStage::send(Kind kind, int to, const float* data, size_t n,
+                         const model::Activations* owner) {
   sends_.push_back(link(kind, stage_, to)->comm->send_async(data, n, DType::kF32, 1));
+  sending_from_[owner].push_back(sends_.back());
 }
 
 void PipelineStage::wait_sends() {
+  const auto t0 = std::chrono::steady_clock::now();
   for (auto& w : sends_) w->wait();
   sends_.clear();
+  sending_from_.clear();
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // F(m, chunk): the input comes from the previous virtual stage (a receive, or this rank's
@@ -76,14 +117,12 @@ double PipelineStage::forward_action(int m, int chunk, const int* tokens, const 
                                      int T) {
   const int v = chunk * P_ + stage_, VS = P_ * V_;
   const size_t n = static_cast<size_t>(model_.rows(B, T)) * model_.config().n_embd;
-  model::Activations& a = acts_[m][chunk];
-  const float* input = nullptr;
-  if (v > 0)
-    input = P_ == 1 ? model_.output(acts_[m][chunk - 1]) : receive(kActivation, (v - 1) % P_, n);
+  model::Activations& a = hold(m, chunk);
+  const float* input = v > 0 ? receive(kActivation, (v - 1) % P_, n) : nullptr;
   const size_t off = static_cast<size_t>(m) * B * T;
   const double loss = model_.forward_units(a, pieces_[v].first, pieces_[v].last, tokens + off,
                                            targets ? targets + off : nullptr, B, T, input);
-  if (v + 1 < VS && P_ > 1) send(kActivation, (v + 1) % P_, model_.output(a), n);
+  if (v + 1 < VS) send(kActivation, (v + 1) % P_, model_.output(a), n, &a);
   return loss;
 }
 
@@ -94,15 +133,13 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
   double loss = 0;
   for (const PipelineAction& x : schedule_[stage_]) {
     const int v = x.chunk * P_ + stage_;
-    model::Activations& a = acts_[x.microbatch][x.chunk];
     if (x.pass == Pass::kF) {
       loss += forward_action(x.microbatch, x.chunk, tokens, targets, B, T);
       continue;
     }
     const float* dout = nullptr;
-    if (x.pass != Pass::kW && v + 1 < VS)
-      dout = P_ == 1 ? model_.input_grad(acts_[x.microbatch][x.chunk + 1])
-                     : receive(kGradient, (v + 1) % P_, n);
+    if (x.pass != Pass::kW && v + 1 < VS) dout = receive(kGradient, (v + 1) % P_, n);
+    model::Activations& a = *acts_[x.microbatch][x.chunk];
     const model::BackwardPart part = x.pass == Pass::kBW  ? model::BackwardPart::kWhole
                                      : x.pass == Pass::kB ? model::BackwardPart::kInput
                                                           : model::BackwardPart::kWeight;
@@ -110,8 +147,8 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
     if (hooks) hooks->before_backward(x.microbatch == M_ - 1 && x.pass != Pass::kB);
     model_.backward_units(a, scale, dout, part);
     if (hooks) hooks->after_backward();
-    if (x.pass != Pass::kW && v > 0 && P_ > 1)
-      send(kGradient, (v - 1) % P_, model_.input_grad(a), n);
+    if (x.pass != Pass::kW && v > 0) send(kGradient, (v - 1) % P_, model_.input_grad(a), n, &a);
+    if (x.pass != Pass::kB) release(x.microbatch, x.chunk);
   }
   wait_sends();
   return loss;
@@ -121,8 +158,10 @@ double PipelineStage::forward_only(const int* tokens, const int* targets, int B,
                                    int microbatches) {
   LOOM_CHECK(microbatches <= M_);
   double loss = 0;
-  for (int m = 0; m < microbatches; ++m)
+  for (int m = 0; m < microbatches; ++m) {
     for (int c = 0; c < V_; ++c) loss += forward_action(m, c, tokens, targets, B, T);
+    for (int c = 0; c < V_; ++c) pool_.push_back(std::move(acts_[m][c]));
+  }
   wait_sends();
   return loss;
 }

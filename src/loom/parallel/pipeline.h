@@ -15,6 +15,7 @@
 // apart — Megatron's issue 750).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -36,7 +37,7 @@ class PipelineHooks {
 
 class PipelineStage {
  public:
-  // `pp` is the pipeline group (null for one stage); `pieces` the units of each of the
+  // `pp` is the pipeline group (at least two stages); `pieces` the units of each of the
   // P*V virtual stages (chunk c of stage s is piece c*P + s). Collective over `pp`.
   PipelineStage(model::Gpt& model, std::shared_ptr<comm::Communicator> pp,
                 std::vector<UnitRange> pieces, ScheduleKind kind, int microbatches);
@@ -58,6 +59,14 @@ class PipelineStage {
   // Forward only (evaluation): microbatches one after the other through every chunk.
   double forward_only(const int* tokens, const int* targets, int B, int T, int microbatches);
 
+  // Since the last reset: seconds this rank waited for a neighbour (receives, and the
+  // step's last sends), and the most bytes of activations held at once (a microbatch's
+  // chunk is held from its F to its last backward part; buffers are recycled).
+  double wait_s() const { return wait_s_; }
+  size_t peak_activation_bytes() const { return peak_bytes_; }
+  size_t peak_block_activation_bytes() const { return peak_block_bytes_; }
+  void reset_counters() { wait_s_ = 0, peak_bytes_ = peak_block_bytes_ = 0; }
+
  private:
   struct Link {  // a two-rank communicator: rank 0 sends, rank 1 receives
     std::shared_ptr<comm::Communicator> comm;
@@ -66,8 +75,11 @@ class PipelineStage {
   enum Kind { kActivation, kGradient };
   Link* link(Kind kind, int from, int to);
   double forward_action(int m, int chunk, const int* tokens, const int* targets, int B, int T);
+  model::Activations& hold(int m, int chunk);  // from the pool, for F
+  void release(int m, int chunk);              // back to the pool, after the last backward
   const float* receive(Kind kind, int from, size_t n);
-  void send(Kind kind, int to, const float* data, size_t n);
+  // An async send from a buffer of `owner`, which is not reused before the send is done.
+  void send(Kind kind, int to, const float* data, size_t n, const model::Activations* owner);
   void wait_sends();
 
   model::Gpt& model_;
@@ -76,8 +88,14 @@ class PipelineStage {
   int P_ = 1, V_ = 1, M_ = 1, stage_ = 0;
   std::vector<StageActions> schedule_;
   std::vector<Link> links_;  // [kind][from][to], flattened; null comm where no link
-  std::vector<std::vector<model::Activations>> acts_;  // [microbatch][chunk]
+  // [microbatch][chunk]: held activations; the pool keeps released ones for reuse, so a
+  // step allocates only as many as the schedule holds at once.
+  std::vector<std::vector<std::unique_ptr<model::Activations>>> acts_;
+  std::vector<std::unique_ptr<model::Activations>> pool_;
   std::vector<comm::WorkPtr> sends_;
+  std::map<const model::Activations*, std::vector<comm::WorkPtr>> sending_from_;
+  double wait_s_ = 0;
+  size_t peak_bytes_ = 0, peak_block_bytes_ = 0;
 };
 
 }  // namespace loom::parallel

@@ -267,9 +267,18 @@ void Trainer::barrier() {
 void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, double step_s) {
   // Per-rank memory: the model-state high-water mark (parameters, gradients, optimizer
   // state, gathered buffers), the activation buffers and the process's peak RSS.
-  const auto mem = world_gather({static_cast<double>(StateMemory::peak()), peak_rss_bytes(),
-                                 static_cast<double>(model_->activation_bytes()),
-                                 static_cast<double>(model_->block_activation_bytes())});
+  // Under a pipeline the activations are the most its held microbatches took at once.
+  double act = static_cast<double>(model_->activation_bytes());
+  double block_act = static_cast<double>(model_->block_activation_bytes());
+  double pp_wait_ms = 0;
+  if (pipeline_) {
+    act += static_cast<double>(pipeline_->peak_activation_bytes());
+    block_act = static_cast<double>(pipeline_->peak_block_activation_bytes());
+    pp_wait_ms = pipeline_->wait_s() * 1e3;
+    pipeline_->reset_counters();
+  }
+  const auto mem = world_gather(
+      {static_cast<double>(StateMemory::peak()), peak_rss_bytes(), act, block_act, pp_wait_ms});
   const double comm_wait_ms = dp_->comm_wait_s() * 1e3;
   dp_->reset_comm_wait();
   const double tp_comm_ms = tp_ ? tp_->counters().seconds * 1e3 : 0;
@@ -281,12 +290,14 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   const double mfu =
       model_cfg_.flops_per_token(static_cast<int>(cfg_.seq_len)) * tps / (peak_gflops_ * 1e9);
   nlohmann::json state_mb = nlohmann::json::array(), rss_mb = nlohmann::json::array(),
-                 act_mb = nlohmann::json::array(), block_act_mb = nlohmann::json::array();
+                 act_mb = nlohmann::json::array(), block_act_mb = nlohmann::json::array(),
+                 wait_ms = nlohmann::json::array();
   for (int q = 0; q < world_; ++q) {
-    state_mb.push_back(mem[4 * q] / (1 << 20));
-    rss_mb.push_back(mem[4 * q + 1] / (1 << 20));
-    act_mb.push_back(mem[4 * q + 2] / (1 << 20));
-    block_act_mb.push_back(mem[4 * q + 3] / (1 << 20));
+    state_mb.push_back(mem[5 * q] / (1 << 20));
+    rss_mb.push_back(mem[5 * q + 1] / (1 << 20));
+    act_mb.push_back(mem[5 * q + 2] / (1 << 20));
+    block_act_mb.push_back(mem[5 * q + 3] / (1 << 20));
+    wait_ms.push_back(mem[5 * q + 4]);
   }
   nlohmann::json j = {{"step", step + 1},
                       {"loss", loss},
@@ -301,6 +312,7 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
                       {"activation_mb", act_mb},
                       {"block_activation_mb", block_act_mb}};
   if (tp_) j["tp_comm_ms"] = tp_comm_ms, j["tp_comm_mb"] = tp_comm_mb;
+  if (pipeline_) j["pp_wait_ms"] = wait_ms;
   metrics_ << j.dump() << "\n";
   metrics_.flush();
   std::vector<std::pair<std::string, double>> scalars = {{"train/loss", loss},
