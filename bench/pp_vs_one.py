@@ -1,0 +1,97 @@
+#!/usr/bin/python3
+"""Pipeline parallelism on this machine, in one run (docs/perf.md "Pipeline parallelism"):
+
+  * tokens/s of `loom run -n 2` with train.pp = 2 (1 thread per rank) for each schedule vs
+    one loom process with 2 threads on the same global batch (M microbatches = the one
+    process's accumulation steps; goal >= 0.85 with M >= 8), and zb-h1 vs 1f1b;
+  * the measured bubble of each stage (time waiting for a neighbour over the rest of the
+    step, `pp_wait_ms`) next to the schedule's formula, for pp 2 and pp 4 (4 ranks on 2
+    cores: oversubscribed);
+  * activations each stage holds at most, per schedule.
+
+    /usr/bin/python3 bench/pp_vs_one.py LOOM DATA_DIR [--model small] [--microbatches 8]
+                                        [--steps 4]
+
+Medians over the steps after the first. Prints markdown tables.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_vs_pytorch import SHAPES  # noqa: E402
+
+
+def loom(a, n, threads, *extra):
+    L, NH, C, T, B = SHAPES[a.model]
+    run_dir = tempfile.mkdtemp(prefix="loom-pp-bench-")
+    shutil.rmtree(run_dir)
+    B = 2  # sequences per microbatch
+    cmd = [a.loom, "train", "--set", "model.name=" + a.model, "--set", "data.path=" + a.data,
+           "--set", "run.dir=" + run_dir, "--set", "train.steps=%d" % (a.steps + 1),
+           "--set", "train.micro_batch=%d" % B,
+           "--set", "train.global_batch=%d" % (B * a.microbatches),
+           "--set", "train.seq_len=%d" % T, "--set", "train.threads=%d" % threads,
+           "--set", "eval.every=0", "--quiet", *extra]
+    if n > 1:
+        cmd = [a.loom, "run", "-n", str(n)] + cmd
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        ms = [json.loads(line) for line in f if line.strip()][1:]
+    shutil.rmtree(run_dir)
+    step = statistics.median(m["step_ms"] for m in ms)
+    out = {"step_ms": step, "tokens_per_s": statistics.median(m["tokens_per_s"] for m in ms)}
+    if "pp_wait_ms" in ms[0]:
+        ranks = len(ms[0]["pp_wait_ms"])
+        waits = [statistics.median(m["pp_wait_ms"][r] for m in ms) for r in range(ranks)]
+        out["bubble"] = [w / (step - w) for w in waits]
+        out["act_mb"] = ms[-1]["activation_mb"]
+    return out
+
+
+def formula(schedule, P, M, V):
+    f = (P - 1) / M
+    return {"gpipe": f, "1f1b": f, "interleaved": f / V, "zb-h1": f / 3}[schedule]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("loom")
+    ap.add_argument("data")
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=4)
+    a = ap.parse_args()
+    M = a.microbatches
+    one = loom(a, 1, 2)
+    rows = []
+    for P in (2, 4):
+        for schedule, V in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)):
+            r = loom(a, P, 1, "--set", "train.pp=%d" % P, "--set", "pp.schedule=" + schedule,
+                     "--set", "pp.virtual_stages=%d" % V)
+            rows.append((P, schedule, V, r))
+    print("%s, %d microbatches of 2 x %d tokens per step; one loom process x 2 threads: "
+          "%.0f ms, %.0f tokens/s\n" % (a.model, M, SHAPES[a.model][3], one["step_ms"],
+                                        one["tokens_per_s"]))
+    print("| pp | schedule | step ms | tokens/s | vs 1 process | bubble per stage, measured | "
+          "formula | activations per stage (MiB) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for P, schedule, V, r in rows:
+        name = schedule + (" (V %d)" % V if V > 1 else "")
+        print("| %d | %s | %.0f | %.0f | %.2fx | %s | %.3f | %s |" % (
+            P, name, r["step_ms"], r["tokens_per_s"], r["tokens_per_s"] / one["tokens_per_s"],
+            " / ".join("%.3f" % b for b in r["bubble"]), formula(schedule, P, M, V),
+            " / ".join("%.0f" % x for x in r["act_mb"])))
+    by = {(P, s): r for P, s, V, r in rows}
+    for P in (2, 4):
+        print("\npp %d: zb-h1 / 1f1b step time %.2fx (goal: below 1)" %
+              (P, by[(P, "zb-h1")]["step_ms"] / by[(P, "1f1b")]["step_ms"]))
+
+
+if __name__ == "__main__":
+    main()
