@@ -3,7 +3,9 @@ tests/torch)."""
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -112,6 +114,23 @@ def wait_for(pred, timeout, what):
     fail("timed out waiting for " + what)
 
 
+def kill_rank(proc, rank, within_s=15):
+    """kill -9 of `rank` of the `loom run` job proc: the job must end within within_s
+    seconds naming the rank and its signal. Returns the seconds it took."""
+    victim = rank_pid(proc.pid, rank)
+    if victim is None:
+        fail("rank %d of the job was not found" % rank)
+    t0 = time.time()
+    os.kill(victim, signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    took = time.time() - t0
+    if proc.returncode == 0 or "rank %d (pid %d) was killed by signal 9" % (rank, victim) not in err:
+        fail("loom run should name the killed rank:\n" + err[-2000:])
+    if took > within_s:
+        fail("the job took %.1f s to end after a rank died" % took)
+    return took
+
+
 class Trainer:
     """`loom train` on the prepared data with a small fixed optimisation: global batch 8 of
     32 tokens (micro-batch 2), lr 3e-3, 5 warmup steps. train(dir, n) runs it on n ranks
@@ -143,6 +162,20 @@ class Trainer:
         return run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(n), self.loom] +
                    self.args(run_dir, *extra, steps=steps),
                    env=dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none"))
+
+    def resume_from(self, work, ref, name, n, extra, want, tol=TOL):
+        """Copies run ref (20 steps, checkpoints every 10) to work/rs_<name>, drops its step-20
+        checkpoint and resumes from step 10 on n ranks with `extra`; steps 11-20 must have
+        the losses `want` within tol. Returns the resumed run's losses."""
+        d = os.path.join(work, "rs_" + re.sub(r"\W+", "_", name))
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(ref, d)
+        shutil.rmtree(os.path.join(d, "ckpt", "step_00000020"))
+        self.train(d, n, "--set", "ckpt.every=10", "--resume", *extra)
+        later = list(range(11, 21))
+        got = losses(d)
+        compare(name, {s: got[s] for s in later}, want, tol, later)
+        return got
 
     def train(self, run_dir, n=1, *extra, steps=20, rc=0):
         if "--resume" not in extra:

@@ -15,12 +15,10 @@
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
-from common import (TOL, Trainer, compare, fail, losses, prepare_data, rank_pid,  # noqa: E402
+from common import (Trainer, compare, fail, kill_rank, losses, prepare_data,  # noqa: E402
                     run, wait_for)
 
 LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -76,14 +74,7 @@ def equivalence():
 
 
 def resume_from(ref, name, n, extra, want):
-    d = os.path.join(WORK, "rs_" + slug(name))
-    shutil.rmtree(d, ignore_errors=True)
-    shutil.copytree(ref, d)
-    shutil.rmtree(os.path.join(d, "ckpt", "step_00000020"))
-    T.train(d, n, "--set", "ckpt.every=10", "--resume", *extra)
-    later = list(range(11, 21))
-    got = losses(d)
-    compare(name, {s: got[s] for s in later}, want, TOL, later)
+    return T.resume_from(WORK, ref, name, n, extra, want)
 
 
 def resume():
@@ -109,17 +100,12 @@ def resume():
     proc = subprocess.Popen(T.launch(2, d, *pp_set(2), steps=100000), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     wait_for(lambda: os.path.exists(os.path.join(d, "metrics.jsonl")), 120, "the first step")
-    victim = rank_pid(proc.pid, 1)
-    t0 = time.time()
-    os.kill(victim, signal.SIGKILL)
-    out, err = proc.communicate(timeout=60)
-    took = time.time() - t0
-    if proc.returncode == 0 or "rank 1 (pid %d) was killed by signal 9" % victim not in err:
-        fail("loom run should name the killed pipeline stage:\n" + err[-2000:])
+    took = kill_rank(proc, 1)
     print("ok  kill -9 of stage 1 mid-step: job ended in %.1f s naming it" % took)
 
     # Bad input: one clear error on every rank, a non-zero exit, nothing written.
     fresh = os.path.join(WORK, "rs_bad")
+    shutil.rmtree(fresh, ignore_errors=True)
     cases = [
         ("more stages than units", 5, pp_set(5), "cannot cut the model's 4 units"),
         ("interleaved with fewer microbatches than stages", 2,

@@ -39,8 +39,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);
-// Its two halves, for a backward split into input and weight gradients; each gives the
-// bits layernorm_backward gives for its outputs.
+// Its two halves (layernorm_backward runs both), for a backward split into input and weight
+// gradients.
 void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
                               const float* mean, const float* rstd, int N, int C);
 void layernorm_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp,

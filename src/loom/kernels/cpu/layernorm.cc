@@ -31,28 +31,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C) {
-  for (int n = 0; n < N; ++n) {  // serial over rows: dweight/dbias accumulate across them
-    const float* d = dout + static_cast<size_t>(n) * C;
-    const float* x = inp + static_cast<size_t>(n) * C;
-    float* dx = dinp + static_cast<size_t>(n) * C;
-    const float m = mean[n], s = rstd[n];
-    float dnorm_mean = 0, dnorm_xhat_mean = 0;
-    for (int i = 0; i < C; ++i) {
-      float xhat = (x[i] - m) * s;
-      float dnorm = d[i] * weight[i];
-      dnorm_mean += dnorm;
-      dnorm_xhat_mean += dnorm * xhat;
-    }
-    dnorm_mean /= C;
-    dnorm_xhat_mean /= C;
-    for (int i = 0; i < C; ++i) {
-      float xhat = (x[i] - m) * s;
-      float dnorm = d[i] * weight[i];
-      dbias[i] += d[i];
-      dweight[i] += xhat * d[i];
-      dx[i] += s * (dnorm - dnorm_mean - xhat * dnorm_xhat_mean);
-    }
-  }
+  layernorm_backward_input(dinp, dout, inp, weight, mean, rstd, N, C);
+  layernorm_backward_weight(dweight, dbias, dout, inp, mean, rstd, N, C);
 }
 
 void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
