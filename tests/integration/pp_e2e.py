@@ -4,9 +4,10 @@
   pp_e2e.py LOOM WORKDIR equivalence  20 steps, fp32, same seed and global batch: one process
                                       vs pp 2 with each schedule (gpipe, 1f1b, interleaved
                                       with 2 chunks per stage, zb-h1), pp 4 interleaved
-                                      (`small`), pp 2 x dp 2 with ZeRO 0 and 1, pp 2 x tp 2
-                                      with sequence parallelism, recompute and zb-h1:
-                                      per-step losses within 1e-5 relative
+                                      (`small`), pp 2 x dp 2 with ZeRO 0-3, pp 2 x tp 2
+                                      with sequence parallelism, recompute and zb-h1, with
+                                      activation offload: per-step losses within 1e-5
+                                      relative; offload cuts the first stage's activations
   pp_e2e.py LOOM WORKDIR resume       a pp 2 checkpoint resumed by one process and by pp 4,
                                       a one-process checkpoint by pp 2 x dp 2; a rank killed
                                       mid-step ends the job naming it; bad pipeline layouts
@@ -18,8 +19,8 @@ import shutil
 import subprocess
 import sys
 
-from common import (Trainer, compare, fail, kill_rank, losses, prepare_data,  # noqa: E402
-                    run, wait_for)
+from common import (Trainer, compare, fail, kill_rank, losses, metrics,  # noqa: E402
+                    prepare_data, run, wait_for)
 
 LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -44,15 +45,37 @@ def equivalence():
         ("pp=2 zb-h1", 2, pp_set(2, "zb-h1")),
         ("pp=2 x dp=2 zero=0", 4, pp_set(2, "1f1b", "--set", "train.zero=0")),
         ("pp=2 x dp=2 zero=1 zb-h1", 4, pp_set(2, "zb-h1", "--set", "train.zero=1")),
+        ("pp=2 x dp=2 zero=2", 4, pp_set(2, "1f1b", "--set", "train.zero=2")),
+        ("pp=2 x dp=2 zero=3 interleaved", 4,
+         pp_set(2, "interleaved", "--set", "pp.virtual_stages=2", "--set", "train.zero=3")),
         ("pp=2 x tp=2 sequence parallel, recompute, zb-h1", 4,
          pp_set(2, "zb-h1", "--set", "train.tp=2", "--set", "tp.sequence_parallel=true",
                 "--set", "train.recompute=all")),
         ("pp=2 given split [1, 3]", 2, pp_set(2, "1f1b", "--set", "pp.split=[1, 3]")),
+        ("pp=2 gpipe, activation offload", 2,
+         pp_set(2, "gpipe", "--set", "train.offload_activations=true", "--set",
+                "train.activation_loading_horizon=1")),
+        ("pp=2 zb-h1, activation offload, recompute, horizon 1", 2,
+         pp_set(2, "zb-h1", "--set", "train.offload_activations=true", "--set",
+                "train.recompute=all", "--set", "train.activation_loading_horizon=1")),
     ]
     for name, n, extra in cases:
         d = os.path.join(WORK, "eq_" + slug(name))
         T.train(d, n, *extra)
         compare(name, losses(d), base)
+
+    # Offload: the first stage of GPipe holds all 4 microbatches; spilled (at most one write
+    # behind, horizon 1), about two stay in memory. The spill files are gone after the run.
+    held = metrics(os.path.join(WORK, "eq_pp_2_gpipe"))[-1]["activation_mb"][0]
+    spilled = metrics(os.path.join(WORK, "eq_pp_2_gpipe_activation_offload"))[-1]
+    if not spilled["activation_mb"][0] < 0.75 * held:
+        fail("activation offload should cut stage 0's activations: %.2f MiB vs %.2f" %
+             (spilled["activation_mb"][0], held))
+    left = os.listdir(os.path.join(WORK, "eq_pp_2_gpipe_activation_offload", "spill"))
+    if left:
+        fail("spill files left behind: %s" % left)
+    print("ok  gpipe stage 0 activations: %.2f MiB held, %.2f with offload (%.1f MiB spilled "
+          "per step)" % (held, spilled["activation_mb"][0], spilled["offload_mb"][0]))
 
     # pp 4 with 2 chunks per stage needs 8 units: `small` (6 blocks).
     small = ["--set", "model.name=small"]
@@ -86,8 +109,8 @@ def resume():
     compare("pp=2 (uninterrupted)", losses(pp2), want)
     resume_from(pp2, "pp 2 -> one process", 1, [], want)
     resume_from(pp2, "pp 2 -> pp 4 zb-h1", 4, pp_set(4, "zb-h1"), want)
-    resume_from(one, "one process -> pp 2 x dp 2 zero 1", 4,
-                pp_set(2, "1f1b", "--set", "train.zero=1"), want)
+    resume_from(one, "one process -> pp 2 x dp 2 zero 3", 4,
+                pp_set(2, "1f1b", "--set", "train.zero=3"), want)
     p = run([LOOM, "sample", "--ckpt", pp2, "--prompt", "And God said", "-n", "8",
              "--temperature", "0"])
     if not p.stdout.startswith("And God said") or len(p.stdout.strip()) <= 12:
@@ -112,11 +135,14 @@ def resume():
          pp_set(2, "interleaved", "--set", "pp.virtual_stages=2", "--set",
                 "train.micro_batch=4", "--set", "train.global_batch=4"),
          "needs at least as many microbatches as stages"),
-        ("ZeRO 2 with a pipeline", 2, pp_set(2, "1f1b", "--set", "train.zero=2"),
-         "train.zero = 2 with train.pp = 2 is not built yet"),
         ("a split that does not add up", 2, pp_set(2, "1f1b", "--set", "pp.split=[1, 2]"),
          "pp.split = [1, 2] does not cut the model's 4 units into 2 stages"),
         ("an unknown schedule", 2, pp_set(2, "zb-h3"), "pp.schedule = \"zb-h3\" is invalid"),
+        ("a spill folder that cannot be written", 2,
+         pp_set(2, "1f1b", "--set", "train.offload_activations=true", "--set",
+                "train.offload_dir=/proc/loom-spill"), "cannot create the activation spill file"),
+        ("offload without a pipeline", 2, ["--set", "train.offload_activations=true"],
+         "train.offload_activations needs pipeline parallelism"),
     ]
     for name, n, extra, msg in cases:
         p = run(T.launch(n, fresh, *extra), expect_rc=None)

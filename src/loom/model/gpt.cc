@@ -240,6 +240,17 @@ size_t Activations::bytes() const {
   return n * sizeof(float);
 }
 
+std::vector<std::vector<float>*> Activations::buffers() {
+  std::vector<std::vector<float>*> out;
+  for (auto& r : resid) out.push_back(&r);
+  for (Block& b : blocks)
+    for (auto* v : {&b.ln1, &b.ln1_mean, &b.ln1_rstd, &b.qkv, &b.att, &b.atty, &b.res2, &b.ln2,
+                    &b.ln2_mean, &b.ln2_rstd, &b.fch, &b.fch_gelu})
+      out.push_back(v);
+  for (auto* v : {&lnf, &lnf_mean, &lnf_rstd, &lnf_all, &logits}) out.push_back(v);
+  return out;
+}
+
 namespace {
 void size_block(Activations::Block& a, size_t N, size_t R, size_t C, size_t Cl, size_t att) {
   for (auto* v : {&a.ln1, &a.res2, &a.ln2}) v->assign(R * C, 0);

@@ -104,6 +104,9 @@ class Activations {
   // What the blocks keep for backward: each block's input on the residual stream and its
   // activations (Korthikanti et al.'s per-layer activation memory, summed over the blocks).
   size_t block_bytes() const;
+  // The buffers a forward leaves for the backward (an offloader may write them out and free
+  // them while the microbatch waits, then restore them before the backward).
+  std::vector<std::vector<float>*> buffers();
 
   struct Block {  // what one block's backward reads
     std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch,

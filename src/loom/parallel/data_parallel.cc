@@ -433,13 +433,16 @@ void DataParallel::optimizer_step(float grad_scale, double lr, const optim::Adam
 
 // ---- hooks ----
 
+void DataParallel::before_forward() {
+  phase_ = Phase::kForward;
+}
+
 void DataParallel::before_backward(bool last_microbatch) {
-  LOOM_CHECK_MSG(opt_.zero <= 1, "pipelines run with ZeRO 0 or 1");
   phase_ = Phase::kBackward;
   last_micro_ = last_microbatch;
 }
 
-void DataParallel::after_backward() {
+void DataParallel::after_action() {
   phase_ = Phase::kIdle;
 }
 
@@ -494,6 +497,7 @@ void DataParallel::before_use(int u) {
   gather(u);
   if (gathering_[u]) wait(gathering_[u]), gathering_[u] = nullptr;
   model_.bind_unit(u, gathered_[u].data(), g);
+  if (opt_.pipeline) return;  // released after this use (no recorded order to prefetch in)
   const int next = next_use(u);
   for (int v = 0; v < static_cast<int>(units_.size()); ++v)
     if (v != u && v != next) release_gathered(v);
@@ -502,6 +506,7 @@ void DataParallel::before_use(int u) {
 
 void DataParallel::after_use(int u) {
   if (opt_.zero != 3 || phase_ == Phase::kIdle) return;
+  if (opt_.pipeline) return release_gathered(u);
   const int ph = phase_ == Phase::kBackward ? 1 : 0;
   const auto& order = order_[ph];
   if (!recorded_[ph]) return;           // first step: freed at the next use of another unit
@@ -510,8 +515,9 @@ void DataParallel::after_use(int u) {
 }
 
 void DataParallel::grads_ready(int u) {
-  if (opt_.zero <= 1) {
-    if (last_micro_ && dp_) launch_reduction(u);
+  if (opt_.zero <= 1 || opt_.pipeline) {  // once per step
+    if (last_micro_ && (opt_.zero >= 2 || dp_)) launch_reduction(u);
+    if (opt_.zero >= 2) retire_done(2);
     return;
   }
   launch_reduction(u);

@@ -58,6 +58,10 @@ struct DpOptions {
   // with the first stage's over the embedding group and which the first stage writes.
   std::vector<int> units;
   bool unit0_is_head_copy = false;
+  // Driven by a pipeline (PipelineHooks): gradients are reduced once per step, after the
+  // last microbatch (ZeRO 2 holds its stage's full gradients until then), and ZeRO-3
+  // gathers a unit for each use without prefetch.
+  bool pipeline = false;
 };
 
 // The groups of the mesh the engine uses; null where one would be this rank alone.
@@ -112,9 +116,10 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   void before_use(int u) override;
   void after_use(int u) override;
   void grads_ready(int u) override;
-  // PipelineHooks: the pipeline runs the model's backward itself (ZeRO 0 and 1).
+  // PipelineHooks: the pipeline runs the model's passes itself.
+  void before_forward() override;
   void before_backward(bool last_microbatch) override;
-  void after_backward() override;
+  void after_action() override;
 
  private:
   struct Unit {

@@ -63,13 +63,25 @@ model::Activations& PipelineStage::hold(int m, int chunk) {
 }
 
 void PipelineStage::release(int m, int chunk) {
-  size_t bytes = 0, block_bytes = 0;  // what was held with this chunk still in
-  for (const auto& row : acts_)
-    for (const auto& a : row)
-      if (a) bytes += a->bytes(), block_bytes += a->block_bytes();
+  pool_.push_back(std::move(acts_[m][chunk]));
+}
+
+void PipelineStage::note_peak() {
+  size_t bytes = 0, block_bytes = 0;  // held microbatches' buffers now in memory
+  for (int m = 0; m < M_; ++m)
+    for (int c = 0; c < V_; ++c) {
+      const auto& a = acts_[m][c];
+      if (!a) continue;
+      // An offloaded one's buffers belong to the I/O thread until fetched; it knows how
+      // much of it is in memory (the write not done yet, or read back).
+      if (offload_ && offload_->is_out(m * V_ + c)) {
+        bytes += offload_->resident_bytes(m * V_ + c);
+        continue;
+      }
+      bytes += a->bytes(), block_bytes += a->block_bytes();
+    }
   peak_bytes_ = std::max(peak_bytes_, bytes);
   peak_block_bytes_ = std::max(peak_block_bytes_, block_bytes);
-  pool_.push_back(std::move(acts_[m][chunk]));
 }
 
 std::vector<int> PipelineStage::units() const {
@@ -114,14 +126,16 @@ void PipelineStage::wait_sends() {
 // F(m, chunk): the input comes from the previous virtual stage (a receive, or this rank's
 // previous chunk when there is one stage), the output goes to the next.
 double PipelineStage::forward_action(int m, int chunk, const int* tokens, const int* targets, int B,
-                                     int T) {
+                                     int T, PipelineHooks* hooks) {
   const int v = chunk * P_ + stage_, VS = P_ * V_;
   const size_t n = static_cast<size_t>(model_.rows(B, T)) * model_.config().n_embd;
   model::Activations& a = hold(m, chunk);
   const float* input = v > 0 ? receive(kActivation, (v - 1) % P_, n) : nullptr;
   const size_t off = static_cast<size_t>(m) * B * T;
+  if (hooks) hooks->before_forward();
   const double loss = model_.forward_units(a, pieces_[v].first, pieces_[v].last, tokens + off,
                                            targets ? targets + off : nullptr, B, T, input);
+  if (hooks) hooks->after_action();
   if (v + 1 < VS) send(kActivation, (v + 1) % P_, model_.output(a), n, &a);
   return loss;
 }
@@ -131,23 +145,41 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
   const int VS = P_ * V_;
   const size_t n = static_cast<size_t>(model_.rows(B, T)) * model_.config().n_embd;
   double loss = 0;
-  for (const PipelineAction& x : schedule_[stage_]) {
-    const int v = x.chunk * P_ + stage_;
+  const StageActions& list = schedule_[stage_];
+  for (size_t i = 0; i < list.size(); ++i) {
+    const PipelineAction& x = list[i];
+    const int v = x.chunk * P_ + stage_, key = x.microbatch * V_ + x.chunk;
+    if (offload_)  // bring back what the next `horizon_` backwards need
+      for (size_t j = i + 1; j < list.size() && j <= i + horizon_; ++j)
+        if (list[j].pass == Pass::kB || list[j].pass == Pass::kBW)
+          if (auto& held = acts_[list[j].microbatch][list[j].chunk])
+            offload_->prefetch(list[j].microbatch * V_ + list[j].chunk, *held);
     if (x.pass == Pass::kF) {
-      loss += forward_action(x.microbatch, x.chunk, tokens, targets, B, T);
+      loss += forward_action(x.microbatch, x.chunk, tokens, targets, B, T, hooks);
+      note_peak();
+      const bool backward_next = i + 1 < list.size() && list[i + 1].pass != Pass::kF &&
+                                 list[i + 1].microbatch == x.microbatch &&
+                                 list[i + 1].chunk == x.chunk;
+      if (offload_ && !backward_next) {  // it waits in the pipeline: out of memory meanwhile
+        model::Activations& a = *acts_[x.microbatch][x.chunk];
+        offload_->offload(key, a, model_.output(a));
+        offload_->limit_backlog(static_cast<size_t>(horizon_));
+      }
       continue;
     }
     const float* dout = nullptr;
     if (x.pass != Pass::kW && v + 1 < VS) dout = receive(kGradient, (v + 1) % P_, n);
     model::Activations& a = *acts_[x.microbatch][x.chunk];
+    if (offload_ && x.pass != Pass::kW) offload_->fetch(key, a);
     const model::BackwardPart part = x.pass == Pass::kBW  ? model::BackwardPart::kWhole
                                      : x.pass == Pass::kB ? model::BackwardPart::kInput
                                                           : model::BackwardPart::kWeight;
     // A unit's gradients are final after the last microbatch's BW or W.
     if (hooks) hooks->before_backward(x.microbatch == M_ - 1 && x.pass != Pass::kB);
     model_.backward_units(a, scale, dout, part);
-    if (hooks) hooks->after_backward();
+    if (hooks) hooks->after_action();
     if (x.pass != Pass::kW && v > 0) send(kGradient, (v - 1) % P_, model_.input_grad(a), n, &a);
+    note_peak();
     if (x.pass != Pass::kB) release(x.microbatch, x.chunk);
   }
   wait_sends();
@@ -155,11 +187,11 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
 }
 
 double PipelineStage::forward_only(const int* tokens, const int* targets, int B, int T,
-                                   int microbatches) {
+                                   int microbatches, PipelineHooks* hooks) {
   LOOM_CHECK(microbatches <= M_);
   double loss = 0;
   for (int m = 0; m < microbatches; ++m) {
-    for (int c = 0; c < V_; ++c) loss += forward_action(m, c, tokens, targets, B, T);
+    for (int c = 0; c < V_; ++c) loss += forward_action(m, c, tokens, targets, B, T, hooks);
     for (int c = 0; c < V_; ++c) pool_.push_back(std::move(acts_[m][c]));
   }
   wait_sends();

@@ -21,18 +21,20 @@
 
 #include "loom/comm/communicator.h"
 #include "loom/model/gpt.h"
+#include "loom/parallel/activation_offload.h"
 #include "loom/parallel/pipeline_schedule.h"
 #include "loom/parallel/pipeline_stages.h"
 
 namespace loom::parallel {
 
-// Told before each backward action which microbatch it is (data parallelism reduces a
-// unit's gradients once per step, after the microbatch that finishes them).
+// Told around each action (data parallelism reduces a unit's gradients once per step,
+// after the microbatch that finishes them; ZeRO-3 gathers parameters around their use).
 class PipelineHooks {
  public:
   virtual ~PipelineHooks() = default;
+  virtual void before_forward() = 0;
   virtual void before_backward(bool last_microbatch) = 0;
-  virtual void after_backward() = 0;
+  virtual void after_action() = 0;
 };
 
 class PipelineStage {
@@ -41,6 +43,13 @@ class PipelineStage {
   // P*V virtual stages (chunk c of stage s is piece c*P + s). Collective over `pp`.
   PipelineStage(model::Gpt& model, std::shared_ptr<comm::Communicator> pp,
                 std::vector<UnitRange> pieces, ScheduleKind kind, int microbatches);
+
+  // Activation offload: a microbatch's activations go to `offload`'s spill file after its
+  // forward when it waits for its backward, and are read back `horizon` actions ahead.
+  void set_offload(std::unique_ptr<ActivationOffload> offload, int horizon) {
+    offload_ = std::move(offload), horizon_ = horizon;
+  }
+  const ActivationOffload* offload() const { return offload_.get(); }
 
   int stage() const { return stage_; }
   int stages() const { return P_; }
@@ -57,7 +66,8 @@ class PipelineStage {
   double train_step(const int* tokens, const int* targets, int B, int T, float scale,
                     PipelineHooks* hooks);
   // Forward only (evaluation): microbatches one after the other through every chunk.
-  double forward_only(const int* tokens, const int* targets, int B, int T, int microbatches);
+  double forward_only(const int* tokens, const int* targets, int B, int T, int microbatches,
+                      PipelineHooks* hooks);
 
   // Since the last reset: seconds this rank waited for a neighbour (receives, and the
   // step's last sends), and the most bytes of activations held at once (a microbatch's
@@ -65,7 +75,10 @@ class PipelineStage {
   double wait_s() const { return wait_s_; }
   size_t peak_activation_bytes() const { return peak_bytes_; }
   size_t peak_block_activation_bytes() const { return peak_block_bytes_; }
-  void reset_counters() { wait_s_ = 0, peak_bytes_ = peak_block_bytes_ = 0; }
+  void reset_counters() {
+    wait_s_ = 0, peak_bytes_ = peak_block_bytes_ = 0;
+    if (offload_) offload_->reset_counters();
+  }
 
  private:
   struct Link {  // a two-rank communicator: rank 0 sends, rank 1 receives
@@ -74,9 +87,11 @@ class PipelineStage {
   };
   enum Kind { kActivation, kGradient };
   Link* link(Kind kind, int from, int to);
-  double forward_action(int m, int chunk, const int* tokens, const int* targets, int B, int T);
+  double forward_action(int m, int chunk, const int* tokens, const int* targets, int B, int T,
+                        PipelineHooks* hooks);
   model::Activations& hold(int m, int chunk);  // from the pool, for F
   void release(int m, int chunk);              // back to the pool, after the last backward
+  void note_peak();                            // the peak of activation bytes in memory
   const float* receive(Kind kind, int from, size_t n);
   // An async send from a buffer of `owner`, which is not reused before the send is done.
   void send(Kind kind, int to, const float* data, size_t n, const model::Activations* owner);
@@ -94,6 +109,8 @@ class PipelineStage {
   std::vector<std::unique_ptr<model::Activations>> pool_;
   std::vector<comm::WorkPtr> sends_;
   std::map<const model::Activations*, std::vector<comm::WorkPtr>> sending_from_;
+  std::unique_ptr<ActivationOffload> offload_;
+  int horizon_ = 4;
   double wait_s_ = 0;
   size_t peak_bytes_ = 0, peak_block_bytes_ = 0;
 };

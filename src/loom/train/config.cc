@@ -69,6 +69,10 @@ std::vector<Field> fields_of(TrainConfig& c) {
       {"train.tp", &c.tp, [&] { return at_least(c.tp, 1); }},
       {"train.pp", &c.pp, [&] { return at_least(c.pp, 1); }},
       {"train.placement", &c.placement, [&] { return std::string(); }},  // checked by the mesh
+      {"train.offload_activations", &c.offload_activations, [] { return std::string(); }},
+      {"train.activation_loading_horizon", &c.activation_loading_horizon,
+       [&] { return at_least(c.activation_loading_horizon, 1); }},
+      {"train.offload_dir", &c.offload_dir, [] { return std::string(); }},
       {"tp.sequence_parallel", &c.sequence_parallel, [] { return std::string(); }},
       {"pp.microbatches", &c.pp_microbatches, [&] { return at_least(c.pp_microbatches, 0); }},
       {"pp.schedule", &c.pp_schedule,

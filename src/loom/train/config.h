@@ -38,6 +38,9 @@ struct TrainConfig {
   int64_t tp = 1;                     // tensor-parallel size (docs/algorithms.md)
   int64_t pp = 1;                     // pipeline-parallel size (1: pipelines are not built yet)
   std::string placement = "cluster";  // cluster (= DPT) | spread (= TPD) | an order of D, P, T
+  bool offload_activations = false;   // pipelines: spill waiting microbatches to disk
+  int64_t activation_loading_horizon = 4;  // read them back this many actions ahead
+  std::string offload_dir;                 // the spill files' folder; "": run.dir/spill
   // [tp]
   bool sequence_parallel = false;  // split LayerNorm/residual regions along the tokens
   // [pp]

@@ -103,8 +103,9 @@ class Trainer {
   parallel::ProcessGroups groups_;
   bool all_ranks_log_ = false;
   std::unique_ptr<parallel::TensorParallel> tp_;
-  std::unique_ptr<parallel::PipelineStage> pipeline_;  // train.pp > 1
-  std::vector<parallel::UnitRange> pieces_;            // units of each virtual stage
+  std::unique_ptr<parallel::PipelineStage> pipeline_;     // train.pp > 1
+  std::unique_ptr<parallel::ActivationOffload> offload_;  // until the pipeline takes it
+  std::vector<parallel::UnitRange> pieces_;               // units of each virtual stage
   parallel::ScheduleKind schedule_ = parallel::ScheduleKind::kOneFOneB;
   std::unique_ptr<parallel::DataParallel> dp_;
   std::optional<data::TokenDataset> train_data_, val_data_;
@@ -237,7 +238,7 @@ double Trainer::evaluate() {
   for (int64_t first = 0; first < n; first += mesh_->dp()) {  // the same batches every time
     const int64_t i = first + coord_.dp;
     val_loader_->batch(static_cast<uint64_t>(i % n), x.data(), y.data());
-    const double loss = pipeline_ ? pipeline_->forward_only(x.data(), y.data(), mb, T, 1)
+    const double loss = pipeline_ ? pipeline_->forward_only(x.data(), y.data(), mb, T, 1, dp_.get())
                                   : dp_->forward(x.data(), y.data(), mb, T);
     if (i < n) sum += loss;
   }
@@ -270,15 +271,17 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   // Under a pipeline the activations are the most its held microbatches took at once.
   double act = static_cast<double>(model_->activation_bytes());
   double block_act = static_cast<double>(model_->block_activation_bytes());
-  double pp_wait_ms = 0;
+  double pp_wait_ms = 0, offload_mb = 0;
   if (pipeline_) {
     act += static_cast<double>(pipeline_->peak_activation_bytes());
     block_act = static_cast<double>(pipeline_->peak_block_activation_bytes());
     pp_wait_ms = pipeline_->wait_s() * 1e3;
+    if (pipeline_->offload()) offload_mb = pipeline_->offload()->bytes_written() / (1 << 20);
     pipeline_->reset_counters();
   }
-  const auto mem = world_gather(
-      {static_cast<double>(StateMemory::peak()), peak_rss_bytes(), act, block_act, pp_wait_ms});
+  constexpr int kPerRank = 6;
+  const auto mem = world_gather({static_cast<double>(StateMemory::peak()), peak_rss_bytes(), act,
+                                 block_act, pp_wait_ms, offload_mb});
   const double comm_wait_ms = dp_->comm_wait_s() * 1e3;
   dp_->reset_comm_wait();
   const double tp_comm_ms = tp_ ? tp_->counters().seconds * 1e3 : 0;
@@ -291,13 +294,15 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
       model_cfg_.flops_per_token(static_cast<int>(cfg_.seq_len)) * tps / (peak_gflops_ * 1e9);
   nlohmann::json state_mb = nlohmann::json::array(), rss_mb = nlohmann::json::array(),
                  act_mb = nlohmann::json::array(), block_act_mb = nlohmann::json::array(),
-                 wait_ms = nlohmann::json::array();
+                 wait_ms = nlohmann::json::array(), spill_mb = nlohmann::json::array();
   for (int q = 0; q < world_; ++q) {
-    state_mb.push_back(mem[5 * q] / (1 << 20));
-    rss_mb.push_back(mem[5 * q + 1] / (1 << 20));
-    act_mb.push_back(mem[5 * q + 2] / (1 << 20));
-    block_act_mb.push_back(mem[5 * q + 3] / (1 << 20));
-    wait_ms.push_back(mem[5 * q + 4]);
+    const double* r = mem.data() + kPerRank * q;
+    state_mb.push_back(r[0] / (1 << 20));
+    rss_mb.push_back(r[1] / (1 << 20));
+    act_mb.push_back(r[2] / (1 << 20));
+    block_act_mb.push_back(r[3] / (1 << 20));
+    wait_ms.push_back(r[4]);
+    spill_mb.push_back(r[5]);
   }
   nlohmann::json j = {{"step", step + 1},
                       {"loss", loss},
@@ -313,6 +318,7 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
                       {"block_activation_mb", block_act_mb}};
   if (tp_) j["tp_comm_ms"] = tp_comm_ms, j["tp_comm_mb"] = tp_comm_mb;
   if (pipeline_) j["pp_wait_ms"] = wait_ms;
+  if (pipeline_ && pipeline_->offload()) j["offload_mb"] = spill_mb;
   metrics_ << j.dump() << "\n";
   metrics_.flush();
   std::vector<std::pair<std::string, double>> scalars = {{"train/loss", loss},
@@ -352,6 +358,10 @@ void Trainer::plan_layout() {
   if (P == 1 && (V > 1 || !cfg_.pp_split.empty()))
     throw UserError("pp.virtual_stages and pp.split need pipeline parallelism (train.pp > 1)",
                     "set train.pp, or leave the pp section out");
+  if (P == 1 && cfg_.offload_activations)
+    throw UserError("train.offload_activations needs pipeline parallelism (train.pp > 1)",
+                    "without a pipeline one micro-batch is held at a time; use train.recompute "
+                    "to save activation memory");
   // A pipeline's microbatches are the step's accumulation micro-batches.
   if (cfg_.pp_microbatches > 0) {
     if (cfg_.grad_accum != 0 && cfg_.grad_accum != cfg_.pp_microbatches)
@@ -362,10 +372,6 @@ void Trainer::plan_layout() {
   }
   cfg_.resolve_batch(mesh_->dp());
   if (P > 1) {
-    if (cfg_.zero >= 2)
-      throw UserError("train.zero = " + std::to_string(cfg_.zero) +
-                          " with train.pp = " + std::to_string(P) + " is not built yet",
-                      "use train.zero = 0 or 1 with pipeline parallelism");
     schedule_ = parallel::schedule_kind(cfg_.pp_schedule);
     parallel::make_schedule(schedule_, P, static_cast<int>(cfg_.grad_accum), V);  // checks M, V
     const int units = model_cfg_.n_layer + 2;
@@ -413,6 +419,9 @@ int Trainer::run() {
   open_data();
   check_run_dir();
   open_checkpoint();
+  if (cfg_.offload_activations)  // the spill folder must be writable before anyone connects
+    offload_ = std::make_unique<parallel::ActivationOffload>(
+        cfg_.offload_dir.empty() ? cfg_.run_dir + "/spill" : cfg_.offload_dir, rank_);
 
   groups_ = parallel::make_process_groups(world_ > 1 ? comm::init_from_env() : nullptr, *mesh_);
   if (groups_.tp) {
@@ -426,8 +435,12 @@ int Trainer::run() {
   if (mesh_->pp() > 1) {
     pipeline_ = std::make_unique<parallel::PipelineStage>(*model_, groups_.pp, pieces_, schedule_,
                                                           static_cast<int>(cfg_.grad_accum));
+    if (offload_)
+      pipeline_->set_offload(std::move(offload_),
+                             static_cast<int>(cfg_.activation_loading_horizon));
     dpo.units = pipeline_->units();
     dpo.unit0_is_head_copy = pipeline_->last() && !pipeline_->first();
+    dpo.pipeline = true;
   }
   dp_ = std::make_unique<parallel::DataParallel>(
       *model_, parallel::DpGroups{groups_.dp, groups_.tp, groups_.pp, groups_.embedding}, dpo);

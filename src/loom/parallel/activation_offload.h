@@ -1,0 +1,84 @@
+// Activation offload for pipelines (SageMaker model parallel's offload_activations): while a
+// microbatch waits in the pipeline between its forward and its backward on a stage, the
+// activations it keeps leave memory for a spill file, written and read back by a
+// background I/O thread; the executor starts the read a few actions (the loading horizon)
+// before the backward that needs them, so the disk overlaps compute. With recompute those
+// activations are only the block inputs on the residual stream (and the last stage's
+// logits).
+//
+// One file per rank, one slot per (microbatch, chunk), reused every step; the file is
+// removed when the offloader goes.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/model/gpt.h"
+
+namespace loom::parallel {
+
+class ActivationOffload {
+ public:
+  // Creates `dir` and the file in it; UserError naming the folder when that fails.
+  ActivationOffload(const std::string& dir, int rank);
+  ~ActivationOffload();
+  ActivationOffload(const ActivationOffload&) = delete;
+  ActivationOffload& operator=(const ActivationOffload&) = delete;
+
+  // Writes a's buffers to key's slot and frees them, but the one at `keep` (a send may
+  // still read it). The caller does not touch a until fetch(key).
+  void offload(int key, model::Activations& a, const float* keep);
+  // Waits until at most `n` offloads are still being written (a compute thread that runs
+  // ahead of a starved I/O thread would otherwise hold everything anyway).
+  void limit_backlog(size_t n);
+  // Starts reading key's buffers back, if they are out and not already coming back.
+  void prefetch(int key, model::Activations& a);
+  // Returns when key's buffers are back in a (reading them now if nobody asked before).
+  void fetch(int key, model::Activations& a);
+  bool is_out(int key) const { return state_.count(key) > 0; }
+  // Bytes of an offloaded key still in memory (its write not finished, or read back).
+  size_t resident_bytes(int key) const;
+
+  const std::string& path() const { return path_; }
+  double bytes_written() const { return written_; }
+  double bytes_read() const { return read_; }
+  double wait_s() const { return wait_s_; }  // time fetch() blocked
+  void reset_counters() { written_ = read_ = wait_s_ = 0; }
+
+ private:
+  struct Slot {
+    size_t offset = 0, capacity = 0;  // bytes in the file
+    std::vector<size_t> sizes;        // floats of each buffer written
+    size_t kept = 0;                  // 1 + the index of the buffer left in memory; 0: none
+    // Bytes of the key's buffers in memory, kept by the I/O thread as it frees and refills.
+    std::shared_ptr<std::atomic<size_t>> resident = std::make_shared<std::atomic<size_t>>(0);
+    std::shared_future<void> writing, reading;
+  };
+  std::shared_future<void> enqueue(std::function<void()> job);
+  void io_loop();
+
+  std::string path_;
+  int fd_ = -1;
+  size_t end_ = 0;             // the file's allocated size
+  std::map<int, Slot> slots_;  // by key, kept across steps
+  std::map<int, bool> state_;  // keys whose buffers are out (true: a read was started)
+  std::deque<std::shared_future<void>> backlog_;  // writes, oldest first
+  double written_ = 0, read_ = 0, wait_s_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> jobs_;
+  bool stop_ = false;
+  std::thread io_;
+};
+
+}  // namespace loom::parallel
