@@ -58,6 +58,9 @@ def equivalence():
         ("pp=2 zb-h1, activation offload, recompute, horizon 1", 2,
          pp_set(2, "zb-h1", "--set", "train.offload_activations=true", "--set",
                 "train.recompute=all", "--set", "train.activation_loading_horizon=1")),
+        ("pp=2 x dp=2 zero=1, activation and optimizer offload", 4,
+         pp_set(2, "1f1b", "--set", "train.zero=1", "--set", "train.offload_activations=true",
+                "--set", "zero.offload=disk")),
     ]
     for name, n, extra in cases:
         d = os.path.join(WORK, "eq_" + slug(name))
@@ -76,6 +79,22 @@ def equivalence():
         fail("spill files left behind: %s" % left)
     print("ok  gpipe stage 0 activations: %.2f MiB held, %.2f with offload (%.1f MiB spilled "
           "per step)" % (held, spilled["activation_mb"][0], spilled["offload_mb"][0]))
+
+    # Optimizer-state offload on one process: the same losses, and Adam's 8 bytes per
+    # parameter leave the model state (16 -> 8 bytes per parameter) for a file.
+    d = os.path.join(WORK, "eq_zero_offload")
+    T.train(d, 1, "--set", "zero.offload=disk")
+    compare("one process, optimizer state on disk", losses(d), base)
+    with_file = metrics(d)[-1]
+    in_memory = metrics(base_dir)[-1]["state_peak_mb"][0]
+    ratio = with_file["state_peak_mb"][0] / in_memory
+    if not 0.49 < ratio < 0.51:
+        fail("zero.offload=disk should halve the model state: %.2f of %.2f MiB" %
+             (with_file["state_peak_mb"][0], in_memory))
+    if os.listdir(os.path.join(d, "offload")):
+        fail("the optimizer-state file should be gone after the run")
+    print("ok  optimizer state on disk: model state %.1f of %.1f MiB, %.1f MiB moved per step"
+          % (with_file["state_peak_mb"][0], in_memory, with_file["zero_offload_mb"][0]))
 
     # pp 4 with 2 chunks per stage needs 8 units: `small` (6 blocks).
     small = ["--set", "model.name=small"]
@@ -109,6 +128,11 @@ def resume():
     compare("pp=2 (uninterrupted)", losses(pp2), want)
     resume_from(pp2, "pp 2 -> one process", 1, [], want)
     resume_from(pp2, "pp 2 -> pp 4 zb-h1", 4, pp_set(4, "zb-h1"), want)
+    resume_from(pp2, "pp 2 -> one process, optimizer state on disk", 1,
+                ["--set", "zero.offload=disk"], want)
+    on_disk = os.path.join(WORK, "rs_on_disk")  # its checkpoints stream the moments out
+    T.train(on_disk, 1, "--set", "ckpt.every=10", "--set", "zero.offload=disk")
+    resume_from(on_disk, "optimizer state on disk -> pp 2 in memory", 2, pp_set(2), want)
     resume_from(one, "one process -> pp 2 x dp 2 zero 3", 4,
                 pp_set(2, "1f1b", "--set", "train.zero=3"), want)
     p = run([LOOM, "sample", "--ckpt", pp2, "--prompt", "And God said", "-n", "8",
@@ -143,6 +167,9 @@ def resume():
                 "train.offload_dir=/proc/loom-spill"), "cannot create the activation spill file"),
         ("offload without a pipeline", 2, ["--set", "train.offload_activations=true"],
          "train.offload_activations needs pipeline parallelism"),
+        ("an optimizer-state folder that cannot be written", 2,
+         ["--set", "zero.offload=disk", "--set", "zero.offload_dir=/proc/loom-offload"],
+         "cannot create the optimizer-state file"),
     ]
     for name, n, extra, msg in cases:
         p = run(T.launch(n, fresh, *extra), expect_rc=None)

@@ -60,16 +60,27 @@ void write_rank(const std::string& dir, int rank, const std::vector<Piece>& piec
   nlohmann::json index = nlohmann::json::array();
   uint64_t offset = 0;
   try {
+    std::vector<float> chunk;
     for (const Piece& p : pieces) {
       const size_t bytes = static_cast<size_t>(p.region.count) * sizeof(float);
-      write_all(fd, p.data, bytes, path);
-      nlohmann::json j = {{"tensor", p.tensor},
-                          {"shape", p.shape},
-                          {"file", data},
-                          {"offset", offset},
-                          {"begin", p.region.begin},
-                          {"count", p.region.count},
-                          {"checksum", checksum64(p.data, bytes)}};
+      Checksum64 sum;
+      if (p.data) {
+        write_all(fd, p.data, bytes, path);
+        sum.update(p.data, bytes);
+      } else {  // streamed from where the state lives
+        constexpr int64_t kChunk = 1 << 20;
+        chunk.resize(static_cast<size_t>(std::min(kChunk, p.region.count)));
+        for (int64_t at = 0; at < p.region.count; at += kChunk) {
+          const int64_t n = std::min(kChunk, p.region.count - at);
+          p.fetch(at, n, chunk.data());
+          write_all(fd, chunk.data(), static_cast<size_t>(n) * sizeof(float), path);
+          sum.update(chunk.data(), static_cast<size_t>(n) * sizeof(float));
+        }
+      }
+      nlohmann::json j = {
+          {"tensor", p.tensor},     {"shape", p.shape},        {"file", data},
+          {"offset", offset},       {"begin", p.region.begin}, {"count", p.region.count},
+          {"checksum", sum.value()}};
       if (!p.region.start.empty() && p.region.extent != p.shape)
         j["start"] = p.region.start, j["extent"] = p.region.extent;
       index.push_back(std::move(j));

@@ -38,7 +38,10 @@ struct Piece {
   std::string tensor;  // logical name, e.g. "param/h3.qkvw"
   Shape shape;         // the whole tensor's shape
   Region region;
-  const float* data = nullptr;  // region.count floats
+  const float* data = nullptr;  // region.count floats, or
+  // (when data is null) writes elements [begin, begin + n) of the piece to out: for state
+  // that is not in memory (offloaded optimizer moments), read in chunks as it is saved.
+  std::function<void(int64_t begin, int64_t n, float* out)> fetch;
 };
 
 struct SaveOptions {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "loom/core/state_memory.h"
+#include "loom/optim/moment_file.h"
 
 namespace loom::optim {
 
@@ -24,21 +25,36 @@ struct DecaySpan {
 class AdamW {
  public:
   // Moments for elements [begin, end) of the layout; `spans` (in layout coordinates, in any
-  // number) say where weight decay applies and are clipped to the range.
-  AdamW(const std::vector<DecaySpan>& spans, size_t begin, size_t end);
+  // number) say where weight decay applies and are clipped to the range. With `file` the
+  // moments live there (zero.offload = disk) and a step streams them through memory.
+  AdamW(const std::vector<DecaySpan>& spans, size_t begin, size_t end, MomentFile* file = nullptr);
   size_t begin() const { return begin_; }
   size_t end() const { return end_; }
+  size_t size() const { return end_ - begin_; }
   // params and grads point at element `begin` of the layout; grads are multiplied by
   // grad_scale (clipping) on the fly; t counts optimizer steps from 1.
   void step(float* params, const float* grads, float grad_scale, double lr, const AdamWParams& p,
             int64_t t);
-  StateVector& m() { return m_; }
-  StateVector& v() { return v_; }
+  // Elements [offset, offset + n) of the range's first (m) or second (v) moment, wherever
+  // they live (checkpoints).
+  enum Moment { kM, kV };
+  void read(Moment which, size_t offset, size_t n, float* out) const;
+  void write(Moment which, size_t offset, size_t n, const float* in);
+  // The moment in memory, or null when it lives in the file.
+  const float* in_memory(Moment which) const {
+    return file_ ? nullptr : (which == kM ? m_ : v_).data();
+  }
 
  private:
+  // The update of elements [lo, hi) of the range, moments at m and v (chunk-relative).
+  void update(float* params, const float* grads, float* m, float* v, size_t lo, size_t hi,
+              float grad_scale, double lr, const AdamWParams& p, int64_t t);
+
   size_t begin_, end_;
   std::vector<DecaySpan> spans_;  // relative to begin_
-  StateVector m_, v_;
+  StateVector m_, v_;             // in memory, or
+  MomentFile* file_ = nullptr;    // in the file at offset_: m (size() floats), then v
+  size_t offset_ = 0;
 };
 
 }  // namespace loom::optim

@@ -38,43 +38,12 @@ ActivationOffload::ActivationOffload(const std::string& dir, int rank) {
                         (ec ? ec.message() : std::strerror(errno)),
                     "point train.offload_dir at a writable folder with free space (default: "
                     "run.dir/spill), or set train.offload_activations = false");
-  io_ = std::thread([this] { io_loop(); });
 }
 
 ActivationOffload::~ActivationOffload() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  io_.join();
+  io_.reset();  // finishes the queued reads and writes
   ::close(fd_);
   ::unlink(path_.c_str());
-}
-
-std::shared_future<void> ActivationOffload::enqueue(std::function<void()> job) {
-  std::packaged_task<void()> task(std::move(job));
-  std::shared_future<void> f = task.get_future().share();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back(std::move(task));
-  }
-  cv_.notify_one();
-  return f;
-}
-
-void ActivationOffload::io_loop() {
-  for (;;) {
-    std::packaged_task<void()> task;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;
-      task = std::move(jobs_.front());
-      jobs_.pop_front();
-    }
-    task();  // an exception lands in the task's future
-  }
 }
 
 void ActivationOffload::offload(int key, model::Activations& a, const float* keep) {
@@ -93,7 +62,7 @@ void ActivationOffload::offload(int key, model::Activations& a, const float* kee
   written_ += static_cast<double>(bytes);
   // The buffer a send still reads (the stage's output) stays in memory: waiting for the send
   // here would hold every later offload behind a slow neighbour.
-  s.writing = enqueue([this, bufs, &s] {
+  s.writing = io_->submit([this, bufs, &s] {
     for (size_t i = 0, at = s.offset; i < bufs.size(); at += s.sizes[i] * sizeof(float), ++i) {
       if (i + 1 == s.kept) continue;
       io_all(true, fd_, bufs[i]->data(), s.sizes[i] * sizeof(float), at, path_);
@@ -130,7 +99,7 @@ void ActivationOffload::prefetch(int key, model::Activations& a) {
   LOOM_CHECK_EQ(bufs.size(), s.sizes.size());
   for (size_t i = 0; i < s.sizes.size(); ++i)
     if (i + 1 != s.kept) read_ += static_cast<double>(s.sizes[i] * sizeof(float));
-  s.reading = enqueue([this, bufs, &s] {
+  s.reading = io_->submit([this, bufs, &s] {
     size_t at = s.offset;
     for (size_t i = 0; i < bufs.size(); at += s.sizes[i] * sizeof(float), ++i) {
       if (i + 1 == s.kept) continue;

@@ -11,17 +11,14 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
-#include <functional>
 #include <future>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "loom/core/io_thread.h"
 #include "loom/model/gpt.h"
 
 namespace loom::parallel {
@@ -63,8 +60,6 @@ class ActivationOffload {
     std::shared_ptr<std::atomic<size_t>> resident = std::make_shared<std::atomic<size_t>>(0);
     std::shared_future<void> writing, reading;
   };
-  std::shared_future<void> enqueue(std::function<void()> job);
-  void io_loop();
 
   std::string path_;
   int fd_ = -1;
@@ -73,12 +68,7 @@ class ActivationOffload {
   std::map<int, bool> state_;  // keys whose buffers are out (true: a read was started)
   std::deque<std::shared_future<void>> backlog_;  // writes, oldest first
   double written_ = 0, read_ = 0, wait_s_ = 0;
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::packaged_task<void()>> jobs_;
-  bool stop_ = false;
-  std::thread io_;
+  std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();  // joined before fd_ closes
 };
 
 }  // namespace loom::parallel

@@ -95,10 +95,11 @@ DataParallel::DataParallel(model::Gpt& model, DpGroups groups, DpOptions o)
     decay.push_back({t.offset, t.offset + t.size, t.decay});
   for (int u = 0; u < static_cast<int>(nu); ++u) {
     const Unit& x = units_[u];
+    optim::MomentFile* file = opt_.moments.get();
     if (opt_.zero == 0)
-      adam_.push_back(std::make_unique<optim::AdamW>(decay, x.begin, x.end));
+      adam_.push_back(std::make_unique<optim::AdamW>(decay, x.begin, x.end, file));
     else
-      adam_.push_back(std::make_unique<optim::AdamW>(decay, x.own_begin, x.own_end));
+      adam_.push_back(std::make_unique<optim::AdamW>(decay, x.own_begin, x.own_end, file));
     if (x.n() == 0)
       model_.bind_unit(u, nullptr, nullptr);
     else if (opt_.zero <= 1)
@@ -252,17 +253,21 @@ void DataParallel::load(const ckpt::Reader& r) {
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     release_gathered(u);
     const Unit& x = units_[u];
-    auto* m = adam_[u]->m().data();
-    auto* v = adam_[u]->v().data();
-    const size_t mbase = adam_[u]->begin();  // the moments cover the optimizer's range
-    for_each_slice(u, mbase, adam_[u]->end(),
-                   [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
-                     r.read("adam_m/" + t.name, t.shape, region_of(t, b, n), m + (a - mbase));
-                     r.read("adam_v/" + t.name, t.shape, region_of(t, b, n), v + (a - mbase));
-                     if (opt_.zero == 3)
-                       r.read("param/" + t.name, t.shape, region_of(t, b, n),
-                              own_param(u) + (a - x.own_begin));
-                   });
+    optim::AdamW& adam = *adam_[u];
+    const size_t mbase = adam.begin();  // the moments cover the optimizer's range
+    std::vector<float> tmp;
+    for_each_slice(
+        u, mbase, adam.end(), [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
+          tmp.resize(static_cast<size_t>(n));
+          for (auto [name, which] :
+               {std::pair{"adam_m/", optim::AdamW::kM}, std::pair{"adam_v/", optim::AdamW::kV}}) {
+            r.read(name + t.name, t.shape, region_of(t, b, n), tmp.data());
+            adam.write(which, a - mbase, static_cast<size_t>(n), tmp.data());
+          }
+          if (opt_.zero == 3)
+            r.read("param/" + t.name, t.shape, region_of(t, b, n),
+                   own_param(u) + (a - x.own_begin));
+        });
     if (opt_.zero < 3)
       for_each_slice(
           u, x.begin, x.end, [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
@@ -276,18 +281,25 @@ std::vector<ckpt::Piece> DataParallel::checkpoint_pieces() {
   if (replica_group_ && replica_group_->rank() != 0) return pieces;  // a replica writes
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     const Unit& x = units_[u];
-    const size_t mbase = adam_[u]->begin();
-    const float* m = adam_[u]->m().data();
-    const float* v = adam_[u]->v().data();
+    const optim::AdamW* adam = adam_[u].get();
+    const size_t mbase = adam->begin();
     for_each_slice(
         u, x.own_begin, x.own_end, [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
           if (!counted_here(t)) return;
           const float* p =
               opt_.zero == 3 ? own_param(u) + (a - x.own_begin) : full_param(u) + (a - x.begin);
           const ckpt::Region reg = region_of(t, b, n);
-          pieces.push_back({"param/" + t.name, t.shape, reg, p});
-          pieces.push_back({"adam_m/" + t.name, t.shape, reg, m + (a - mbase)});
-          pieces.push_back({"adam_v/" + t.name, t.shape, reg, v + (a - mbase)});
+          pieces.push_back({"param/" + t.name, t.shape, reg, p, {}});
+          for (auto [name, which] :
+               {std::pair{"adam_m/", optim::AdamW::kM}, std::pair{"adam_v/", optim::AdamW::kV}}) {
+            const float* mem = adam->in_memory(which);  // else streamed from the file
+            const size_t off = a - mbase;
+            pieces.push_back({name + t.name, t.shape, reg, mem ? mem + off : nullptr,
+                              [adam, which, off](int64_t begin, int64_t count, float* out) {
+                                adam->read(which, off + static_cast<size_t>(begin),
+                                           static_cast<size_t>(count), out);
+                              }});
+          }
         });
   }
   return pieces;

@@ -62,6 +62,8 @@ struct DpOptions {
   // last microbatch (ZeRO 2 holds its stage's full gradients until then), and ZeRO-3
   // gathers a unit for each use without prefetch.
   bool pipeline = false;
+  // zero.offload = disk: Adam's moments in this file instead of memory.
+  std::shared_ptr<optim::MomentFile> moments;
 };
 
 // The groups of the mesh the engine uses; null where one would be this rank alone.

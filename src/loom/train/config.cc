@@ -90,6 +90,11 @@ std::vector<Field> fields_of(TrainConfig& c) {
        [&] {
          return one_of(c.shard_group, {"world", "node"});
        }},
+      {"zero.offload", &c.zero_offload,
+       [&] {
+         return one_of(c.zero_offload, {"none", "disk"});
+       }},
+      {"zero.offload_dir", &c.zero_offload_dir, [] { return std::string(); }},
       {"zero.comm_dtype", &c.comm_dtype,
        [&] {
          return one_of(c.comm_dtype, {"fp32", "bf16"});

@@ -51,6 +51,8 @@ struct TrainConfig {
   // [zero]
   std::string shard_group = "world";  // world | node (shard inside a machine, replicate across)
   std::string comm_dtype = "fp32";    // fp32 | bf16: dtype of gradient reductions
+  std::string zero_offload = "none";  // none | disk: Adam's moments in a file, streamed
+  std::string zero_offload_dir;       // that file's folder; "": run.dir/offload
   // [optim]
   double lr = 6e-4;
   double min_lr_ratio = 0.1;  // cosine decays to lr x this at train.steps

@@ -21,6 +21,7 @@
 #include "loom/data/loader.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/model/gpt.h"
+#include "loom/optim/moment_file.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/pipeline.h"
@@ -105,6 +106,7 @@ class Trainer {
   std::unique_ptr<parallel::TensorParallel> tp_;
   std::unique_ptr<parallel::PipelineStage> pipeline_;     // train.pp > 1
   std::unique_ptr<parallel::ActivationOffload> offload_;  // until the pipeline takes it
+  std::shared_ptr<optim::MomentFile> moments_;            // zero.offload = disk
   std::vector<parallel::UnitRange> pieces_;               // units of each virtual stage
   parallel::ScheduleKind schedule_ = parallel::ScheduleKind::kOneFOneB;
   std::unique_ptr<parallel::DataParallel> dp_;
@@ -279,9 +281,14 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
     if (pipeline_->offload()) offload_mb = pipeline_->offload()->bytes_written() / (1 << 20);
     pipeline_->reset_counters();
   }
-  constexpr int kPerRank = 6;
+  double moments_mb = 0;  // optimizer state moved to and from its file in the step
+  if (moments_) {
+    moments_mb = (moments_->bytes_read() + moments_->bytes_written()) / (1 << 20);
+    moments_->reset_counters();
+  }
+  constexpr int kPerRank = 7;
   const auto mem = world_gather({static_cast<double>(StateMemory::peak()), peak_rss_bytes(), act,
-                                 block_act, pp_wait_ms, offload_mb});
+                                 block_act, pp_wait_ms, offload_mb, moments_mb});
   const double comm_wait_ms = dp_->comm_wait_s() * 1e3;
   dp_->reset_comm_wait();
   const double tp_comm_ms = tp_ ? tp_->counters().seconds * 1e3 : 0;
@@ -294,7 +301,8 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
       model_cfg_.flops_per_token(static_cast<int>(cfg_.seq_len)) * tps / (peak_gflops_ * 1e9);
   nlohmann::json state_mb = nlohmann::json::array(), rss_mb = nlohmann::json::array(),
                  act_mb = nlohmann::json::array(), block_act_mb = nlohmann::json::array(),
-                 wait_ms = nlohmann::json::array(), spill_mb = nlohmann::json::array();
+                 wait_ms = nlohmann::json::array(), spill_mb = nlohmann::json::array(),
+                 zero_io_mb = nlohmann::json::array();
   for (int q = 0; q < world_; ++q) {
     const double* r = mem.data() + kPerRank * q;
     state_mb.push_back(r[0] / (1 << 20));
@@ -303,6 +311,7 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
     block_act_mb.push_back(r[3] / (1 << 20));
     wait_ms.push_back(r[4]);
     spill_mb.push_back(r[5]);
+    zero_io_mb.push_back(r[6]);
   }
   nlohmann::json j = {{"step", step + 1},
                       {"loss", loss},
@@ -319,6 +328,7 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   if (tp_) j["tp_comm_ms"] = tp_comm_ms, j["tp_comm_mb"] = tp_comm_mb;
   if (pipeline_) j["pp_wait_ms"] = wait_ms;
   if (pipeline_ && pipeline_->offload()) j["offload_mb"] = spill_mb;
+  if (moments_) j["zero_offload_mb"] = zero_io_mb;
   metrics_ << j.dump() << "\n";
   metrics_.flush();
   std::vector<std::pair<std::string, double>> scalars = {{"train/loss", loss},
@@ -419,9 +429,13 @@ int Trainer::run() {
   open_data();
   check_run_dir();
   open_checkpoint();
-  if (cfg_.offload_activations)  // the spill folder must be writable before anyone connects
+  // Offload folders must be writable before anyone connects.
+  if (cfg_.offload_activations)
     offload_ = std::make_unique<parallel::ActivationOffload>(
         cfg_.offload_dir.empty() ? cfg_.run_dir + "/spill" : cfg_.offload_dir, rank_);
+  if (cfg_.zero_offload == "disk")
+    moments_ = std::make_shared<optim::MomentFile>(
+        cfg_.zero_offload_dir.empty() ? cfg_.run_dir + "/offload" : cfg_.zero_offload_dir, rank_);
 
   groups_ = parallel::make_process_groups(world_ > 1 ? comm::init_from_env() : nullptr, *mesh_);
   if (groups_.tp) {
@@ -432,6 +446,7 @@ int Trainer::run() {
   dpo.zero = static_cast<int>(cfg_.zero);
   dpo.shard_within_node = cfg_.shard_group == "node";
   dpo.comm_bf16 = cfg_.comm_dtype == "bf16";
+  dpo.moments = moments_;
   if (mesh_->pp() > 1) {
     pipeline_ = std::make_unique<parallel::PipelineStage>(*model_, groups_.pp, pieces_, schedule_,
                                                           static_cast<int>(cfg_.grad_accum));

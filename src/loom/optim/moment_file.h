@@ -1,0 +1,46 @@
+// Optimizer-state offload (`zero.offload = disk`, in the spirit of ZeRO-Infinity): Adam's
+// moments of this rank live in a file instead of memory. Each AdamW range owns a region of
+// the file (its m, then its v); a step streams the range through two chunk buffers, reading
+// the next chunk and writing the last one on an I/O thread while the current one updates.
+// The parameters (loom computes on its fp32 master weights) and gradients stay in memory.
+// The file is scratch, removed when the run ends; checkpoints copy the moments out of it.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "loom/core/io_thread.h"
+
+namespace loom::optim {
+
+class MomentFile {
+ public:
+  // Creates `dir` and the file; UserError naming the folder when that fails.
+  MomentFile(const std::string& dir, int rank);
+  ~MomentFile();
+  MomentFile(const MomentFile&) = delete;
+  MomentFile& operator=(const MomentFile&) = delete;
+
+  // A zero-filled region of `bytes`; returns its offset.
+  size_t allocate(size_t bytes);
+  // Synchronous, whole: UserError naming the file on failure.
+  void read(size_t offset, void* out, size_t bytes) const;
+  void write(size_t offset, const void* in, size_t bytes) const;
+  IoThread& io() { return *io_; }
+  const std::string& path() const { return path_; }
+  // Bytes moved since the last reset (optimizer steps and checkpoints).
+  double bytes_read() const { return read_.load(); }
+  double bytes_written() const { return written_.load(); }
+  void reset_counters() { read_ = 0, written_ = 0; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  size_t end_ = 0;
+  mutable std::atomic<double> read_{0}, written_{0};  // the I/O thread adds too
+  std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();
+};
+
+}  // namespace loom::optim
