@@ -5,9 +5,10 @@
                                       vs pp 2 with each schedule (gpipe, 1f1b, interleaved
                                       with 2 chunks per stage, zb-h1), pp 4 interleaved
                                       (`small`), pp 2 x dp 2 with ZeRO 0-3, pp 2 x tp 2
-                                      with sequence parallelism, recompute and zb-h1, with
-                                      activation offload: per-step losses within 1e-5
-                                      relative; offload cuts the first stage's activations
+                                      with sequence parallelism, recompute and zb-h1, gpipe
+                                      with 2 active microbatches, with activation offload:
+                                      per-step losses within 1e-5 relative; the cap and
+                                      offload cut the first stage's activations
   pp_e2e.py LOOM WORKDIR resume       a pp 2 checkpoint resumed by one process and by pp 4,
                                       a one-process checkpoint by pp 2 x dp 2; a rank killed
                                       mid-step ends the job naming it; bad pipeline layouts
@@ -52,6 +53,8 @@ def equivalence():
          pp_set(2, "zb-h1", "--set", "train.tp=2", "--set", "tp.sequence_parallel=true",
                 "--set", "train.recompute=all")),
         ("pp=2 given split [1, 3]", 2, pp_set(2, "1f1b", "--set", "pp.split=[1, 3]")),
+        ("pp=2 gpipe, 2 active microbatches", 2,
+         pp_set(2, "gpipe", "--set", "pp.active_microbatches=2")),
         ("pp=2 gpipe, activation offload", 2,
          pp_set(2, "gpipe", "--set", "train.offload_activations=true", "--set",
                 "train.activation_loading_horizon=1")),
@@ -74,6 +77,13 @@ def equivalence():
     if not spilled["activation_mb"][0] < 0.75 * held:
         fail("activation offload should cut stage 0's activations: %.2f MiB vs %.2f" %
              (spilled["activation_mb"][0], held))
+    # pp.active_microbatches = 2: GPipe in rounds of 2 holds half of its 4 microbatches.
+    capped = metrics(os.path.join(WORK, "eq_pp_2_gpipe_2_active_microbatches"))[-1]
+    if not capped["activation_mb"][0] < 0.6 * held:
+        fail("2 active microbatches should halve gpipe's stage 0 activations: %.2f MiB vs %.2f" %
+             (capped["activation_mb"][0], held))
+    print("ok  gpipe stage 0 activations: %.2f MiB for 4 microbatches, %.2f with 2 active" %
+          (held, capped["activation_mb"][0]))
     left = os.listdir(os.path.join(WORK, "eq_pp_2_gpipe_activation_offload", "spill"))
     if left:
         fail("spill files left behind: %s" % left)
@@ -161,6 +171,9 @@ def resume():
          "needs at least as many microbatches as stages"),
         ("a split that does not add up", 2, pp_set(2, "1f1b", "--set", "pp.split=[1, 2]"),
          "pp.split = [1, 2] does not cut the model's 4 units into 2 stages"),
+        ("a cap on the interleaved schedule", 2,
+         pp_set(2, "interleaved", "--set", "pp.virtual_stages=2", "--set",
+                "pp.active_microbatches=2"), "does not apply to the interleaved schedule"),
         ("an unknown schedule", 2, pp_set(2, "zb-h3"), "pp.schedule = \"zb-h3\" is invalid"),
         ("a spill folder that cannot be written", 2,
          pp_set(2, "1f1b", "--set", "train.offload_activations=true", "--set",

@@ -13,9 +13,9 @@
 namespace loom::parallel {
 namespace {
 
-std::string error_of(ScheduleKind k, int P, int M, int V) {
+std::string error_of(ScheduleKind k, int P, int M, int V, int A = 0) {
   try {
-    make_schedule(k, P, M, V);
+    make_schedule(k, P, M, V, A);
   } catch (const UserError& e) {
     return e.what();
   }
@@ -95,6 +95,48 @@ TEST(PipelineSchedule, EveryShapeIsValidAndIdlesAsTheFormulaSays) {
           ++checked;
         }
   EXPECT_EQ(checked, 4 * 8 + 4 * 8 + (8 + 7 + 6 + 5) * 3 + 4 * 8);
+}
+
+// pp.active_microbatches = A: every capped shape is valid, runs through, and no stage holds
+// more than A microbatches; GPipe's rounds idle (P-1)/A when A divides M; a cap at or
+// above the schedule's own peak changes nothing.
+TEST(PipelineSchedule, ActiveMicrobatchesCapWhatAStageHolds) {
+  int checked = 0;
+  for (ScheduleKind k :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1})
+    for (int P = 1; P <= 4; ++P)
+      for (int M = 1; M <= 8; ++M)
+        for (int A = 1; A <= M + 1; ++A) {
+          SCOPED_TRACE(std::string(schedule_name(k)) + " P " + std::to_string(P) + " M " +
+                       std::to_string(M) + " A " + std::to_string(A));
+          const auto s = make_schedule(k, P, M, 1, A);
+          ASSERT_EQ(validate_schedule(s, P, M, 1), "");
+          const ScheduleTiming t = simulate_schedule(s, P, 1);
+          ASSERT_FALSE(t.deadlock);
+          for (int p = 0; p < P; ++p) EXPECT_LE(t.peak_in_flight[p], A);
+          const auto uncapped = make_schedule(k, P, M, 1);
+          const ScheduleTiming u = simulate_schedule(uncapped, P, 1);
+          const int own = *std::max_element(u.peak_in_flight.begin(), u.peak_in_flight.end());
+          for (int p = 0; p < P; ++p) {
+            if (A >= own) {
+              EXPECT_EQ(render(s[p]), render(uncapped[p]));
+            } else if (t.peak_in_flight[p] < u.peak_in_flight[p]) {
+              EXPECT_NE(render(s[p]), render(uncapped[p]));
+            }
+          }
+          if (k == ScheduleKind::kGPipe && M % A == 0) {
+            EXPECT_NEAR(t.bubble(), static_cast<double>(P - 1) / A, 1e-12);
+          }
+          if (k == ScheduleKind::kOneFOneB) {
+            for (int p = 0; p < P; ++p) EXPECT_EQ(t.peak_in_flight[p], std::min({P - p, M, A}));
+          }
+          ++checked;
+        }
+  EXPECT_EQ(checked, 3 * 4 * (2 + 3 + 4 + 5 + 6 + 7 + 8 + 9));
+  EXPECT_NE(
+      error_of(ScheduleKind::kInterleaved, 2, 4, 2, 2).find("does not apply to the interleaved"),
+      std::string::npos);
+  EXPECT_NE(error_of(ScheduleKind::kOneFOneB, 2, 4, 1, -1).find("is negative"), std::string::npos);
 }
 
 TEST(PipelineSchedule, TheValidatorCatchesBrokenSchedules) {

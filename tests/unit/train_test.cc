@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <barrier>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -11,6 +12,7 @@
 #include "loom/ckpt/checkpoint.h"
 #include "loom/core/checksum.h"
 #include "loom/core/error.h"
+#include "loom/optim/adamw.h"
 #include "loom/train/config.h"
 #include "loom/train/tensorboard.h"
 
@@ -127,6 +129,34 @@ TEST(Schedule, WarmupThenCosineToTheFloor) {
   EXPECT_DOUBLE_EQ(s.at(10), 1.0);
   EXPECT_NEAR(s.at(60), 0.55, 1e-12);
   EXPECT_NEAR(s.at(110), 0.1, 1e-12);
+}
+
+// The moments streamed from a file in chunks (several of them, the last partial, two ranges
+// in one file) update the parameters with the same bits as moments in memory.
+TEST(AdamW, MomentsInAFileEqualMomentsInMemoryOverSeveralChunks) {
+  const size_t n = (size_t{5} << 20) + 12345;  // 2.5 chunks of 2^21 elements
+  const std::vector<optim::DecaySpan> spans = {{0, 3000000, true}, {3000000, n + 100, false}};
+  const std::string dir = temp_dir("moments");
+  optim::MomentFile file(dir, 0);
+  optim::AdamW first(spans, 0, 100, &file);  // the second range starts past offset 0
+  optim::AdamW disk(spans, 100, n + 100, &file), memory(spans, 100, n + 100);
+  std::vector<float> p_disk(n), p_mem(n), g(n);
+  for (size_t i = 0; i < n; ++i) p_disk[i] = p_mem[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+  const optim::AdamWParams ap;
+  for (int t = 1; t <= 3; ++t) {
+    for (size_t i = 0; i < n; ++i)
+      g[i] = 0.001f * static_cast<float>((i * 31 + static_cast<size_t>(t) * 7) % 101) - 0.05f;
+    disk.step(p_disk.data(), g.data(), 0.5f, 1e-3, ap, t);
+    memory.step(p_mem.data(), g.data(), 0.5f, 1e-3, ap, t);
+  }
+  EXPECT_EQ(0, std::memcmp(p_disk.data(), p_mem.data(), n * sizeof(float)));
+  std::vector<float> m(n);
+  for (auto which : {optim::AdamW::kM, optim::AdamW::kV}) {
+    disk.read(which, 0, n, m.data());
+    EXPECT_EQ(0, std::memcmp(m.data(), memory.in_memory(which), n * sizeof(float)));
+  }
+  EXPECT_GT(file.bytes_read(), 3.0 * 2 * n * sizeof(float) - 1);
+  fs::remove_all(dir);
 }
 
 TEST(TensorBoard, Crc32cKnownAnswer) {

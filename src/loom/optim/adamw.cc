@@ -52,19 +52,26 @@ void AdamW::step(float* params, const float* grads, float grad_scale, double lr,
       file_->read(offset_ + (size() + lo) * sizeof(float), b[1].data(), (hi - lo) * sizeof(float));
     });
   };
-  if (chunks > 0) load(0);
-  for (size_t c = 0; c < chunks; ++c) {
-    if (c + 1 < chunks) load(c + 1);
-    loaded[c % 2].get();
-    const auto [lo, hi] = span(c);
-    auto& b = buf[c % 2];
-    update(params, grads, b[0].data(), b[1].data(), lo, hi, grad_scale, lr, p, t);
-    saved = file_->io().submit([this, &b, lo, hi] {
-      file_->write(offset_ + lo * sizeof(float), b[0].data(), (hi - lo) * sizeof(float));
-      file_->write(offset_ + (size() + lo) * sizeof(float), b[1].data(), (hi - lo) * sizeof(float));
-    });
+  try {
+    if (chunks > 0) load(0);
+    for (size_t c = 0; c < chunks; ++c) {
+      if (c + 1 < chunks) load(c + 1);
+      loaded[c % 2].get();
+      const auto [lo, hi] = span(c);
+      auto& b = buf[c % 2];
+      update(params, grads, b[0].data(), b[1].data(), lo, hi, grad_scale, lr, p, t);
+      saved = file_->io().submit([this, &b, lo, hi] {
+        file_->write(offset_ + lo * sizeof(float), b[0].data(), (hi - lo) * sizeof(float));
+        file_->write(offset_ + (size() + lo) * sizeof(float), b[1].data(),
+                     (hi - lo) * sizeof(float));
+      });
+    }
+    if (saved.valid()) saved.get();
+  } catch (...) {
+    // Queued jobs point at the buffers: let the I/O thread finish them before unwinding.
+    file_->io().submit([] {}).wait();
+    throw;
   }
-  if (saved.valid()) saved.get();
 }
 
 void AdamW::read(Moment which, size_t offset, size_t n, float* out) const {

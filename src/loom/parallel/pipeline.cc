@@ -11,14 +11,15 @@ namespace loom::parallel {
 using loom::DType;
 
 PipelineStage::PipelineStage(model::Gpt& model, std::shared_ptr<comm::Communicator> pp,
-                             std::vector<UnitRange> pieces, ScheduleKind kind, int microbatches)
+                             std::vector<UnitRange> pieces, ScheduleKind kind, int microbatches,
+                             int active_microbatches)
     : model_(model), pp_(std::move(pp)), pieces_(std::move(pieces)), M_(microbatches) {
   LOOM_CHECK_MSG(pp_ && pp_->size() > 1, "a pipeline needs at least two stages");
   P_ = pp_->size();
   stage_ = pp_->rank();
   LOOM_CHECK(!pieces_.empty() && pieces_.size() % P_ == 0);
   V_ = static_cast<int>(pieces_.size()) / P_;
-  schedule_ = make_schedule(kind, P_, M_, V_);
+  schedule_ = make_schedule(kind, P_, M_, V_, active_microbatches);
   const std::string wrong = validate_schedule(schedule_, P_, M_, V_);
   LOOM_CHECK_MSG(wrong.empty(), wrong);
   // The links virtual stage transitions cross, created in one order on every rank.

@@ -42,7 +42,8 @@ class PipelineStage {
   // `pp` is the pipeline group (at least two stages); `pieces` the units of each of the
   // P*V virtual stages (chunk c of stage s is piece c*P + s). Collective over `pp`.
   PipelineStage(model::Gpt& model, std::shared_ptr<comm::Communicator> pp,
-                std::vector<UnitRange> pieces, ScheduleKind kind, int microbatches);
+                std::vector<UnitRange> pieces, ScheduleKind kind, int microbatches,
+                int active_microbatches = 0);
 
   // Activation offload: a microbatch's activations go to `offload`'s spill file after its
   // forward when it waits for its backward, and are read back `horizon` actions ahead.

@@ -23,12 +23,14 @@ PipelineAction BW(int m, int c = 0) {
   return {m, c, Pass::kBW};
 }
 
-std::vector<StageActions> gpipe(int P, int M) {
+// In rounds of A microbatches (A = M: one round), all F of a round, then its BW.
+std::vector<StageActions> gpipe(int P, int M, int A) {
   std::vector<StageActions> s(P);
-  for (int p = 0; p < P; ++p) {
-    for (int m = 0; m < M; ++m) s[p].push_back(F(m));
-    for (int m = 0; m < M; ++m) s[p].push_back(BW(m));
-  }
+  for (int p = 0; p < P; ++p)
+    for (int g = 0; g < M; g += A) {
+      for (int m = g; m < std::min(M, g + A); ++m) s[p].push_back(F(m));
+      for (int m = g; m < std::min(M, g + A); ++m) s[p].push_back(BW(m));
+    }
   return s;
 }
 
@@ -50,11 +52,12 @@ StageActions warmup_steady_cooldown(const std::vector<std::pair<int, int>>& fwd,
   return a;
 }
 
-std::vector<StageActions> one_f_one_b(int P, int M) {
+// Stage s holds min(P - s, A) microbatches at most: its warm-up is one fewer.
+std::vector<StageActions> one_f_one_b(int P, int M, int A) {
   std::vector<std::pair<int, int>> order;
   for (int m = 0; m < M; ++m) order.push_back({m, 0});
   std::vector<StageActions> s(P);
-  for (int p = 0; p < P; ++p) s[p] = warmup_steady_cooldown(order, order, P - p - 1);
+  for (int p = 0; p < P; ++p) s[p] = warmup_steady_cooldown(order, order, std::min(P - p, A) - 1);
   return s;
 }
 
@@ -88,10 +91,12 @@ std::vector<StageActions> interleaved(int P, int M, int V) {
 // weight gradient of microbatch m after the B of microbatch m + s (the remaining W at the
 // end). Later stages, which in 1F1B wait longest for the next gradient, thus hold W's to
 // fill those waits; stage s holds at most (P-s) + s = P microbatches (F run, W not), the
-// peak 1F1B reaches on its first stage.
-std::vector<StageActions> zero_bubble_h1(int P, int M) {
-  std::vector<StageActions> s = one_f_one_b(P, M);
+// peak 1F1B reaches on its first stage. Capped at A, stage s holds min(P - s, A) from F to
+// B and defers its W's by at most what is left of A.
+std::vector<StageActions> zero_bubble_h1(int P, int M, int A) {
+  std::vector<StageActions> s = one_f_one_b(P, M, A);
   for (int p = 0; p < P; ++p) {
+    const int defer = std::max(0, std::min(p, A - std::min(P - p, A)));
     StageActions a;
     int next_w = 0;
     for (const PipelineAction& x : s[p]) {
@@ -100,7 +105,7 @@ std::vector<StageActions> zero_bubble_h1(int P, int M) {
         continue;
       }
       a.push_back({x.microbatch, 0, Pass::kB});
-      if (x.microbatch - p >= 0) a.push_back({next_w++, 0, Pass::kW});
+      if (x.microbatch - defer >= 0) a.push_back({next_w++, 0, Pass::kW});
     }
     while (next_w < M) a.push_back({next_w++, 0, Pass::kW});
     s[p] = std::move(a);
@@ -133,7 +138,7 @@ const char* schedule_name(ScheduleKind kind) {
   return "?";
 }
 
-std::vector<StageActions> make_schedule(ScheduleKind kind, int P, int M, int V) {
+std::vector<StageActions> make_schedule(ScheduleKind kind, int P, int M, int V, int A) {
   const std::string shape = "pipeline of " + std::to_string(P) + " stages, " + std::to_string(M) +
                             " microbatches, " + std::to_string(V) + " chunks per stage";
   if (P < 1 || M < 1 || V < 1)
@@ -142,20 +147,28 @@ std::vector<StageActions> make_schedule(ScheduleKind kind, int P, int M, int V) 
   if (V > 1 && kind != ScheduleKind::kInterleaved)
     throw UserError(shape + ": pp.virtual_stages > 1 needs pp.schedule = \"interleaved\"",
                     "set pp.virtual_stages = 1, or use the interleaved schedule");
+  if (A < 0)
+    throw UserError(
+        shape + ": pp.active_microbatches = " + std::to_string(A) + " is negative",
+        "set it to 0 (the schedule's own) or to the most microbatches a stage may hold");
+  if (A > 0 && kind == ScheduleKind::kInterleaved)
+    throw UserError(shape + ": pp.active_microbatches does not apply to the interleaved schedule",
+                    "leave pp.active_microbatches at 0, or cap memory with 1f1b, zb-h1 or gpipe");
+  const int cap = A == 0 || A >= M ? 1 << 30 : A;  // A >= M: no cap
   switch (kind) {
     case ScheduleKind::kGPipe:
-      return gpipe(P, M);
+      return gpipe(P, M, cap);
     case ScheduleKind::kOneFOneB:
-      return one_f_one_b(P, M);
+      return one_f_one_b(P, M, cap);
     case ScheduleKind::kInterleaved:
       if (M < P)
         throw UserError(shape +
                             ": the interleaved schedule needs at least as many "
                             "microbatches as stages",
                         "raise pp.microbatches to " + std::to_string(P) + " or more, or use 1f1b");
-      return V == 1 ? one_f_one_b(P, M) : interleaved(P, M, V);
+      return V == 1 ? one_f_one_b(P, M, M) : interleaved(P, M, V);
     case ScheduleKind::kZeroBubbleH1:
-      return zero_bubble_h1(P, M);
+      return zero_bubble_h1(P, M, cap);
   }
   return {};
 }

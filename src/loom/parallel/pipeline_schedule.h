@@ -29,6 +29,11 @@
 // Bubble share (idle over busy time per stage, unit action costs), checked by the tests:
 // (P-1)/M for gpipe and 1f1b, (P-1)/(M*V) for interleaved, (P-1)/(3M) for zb-h1 with
 // M >= P — a third of 1f1b's.
+//
+// A cap of A active microbatches (pp.active_microbatches; 0 = the schedule's own) bounds
+// what a stage holds: gpipe runs rounds of A microbatches (all F of a round, then its BW;
+// bubble (P-1)/A when A divides M), 1f1b warms stage s up with min(P-s, A)-1 forwards,
+// zb-h1 also defers W's only as far as A allows. Interleaved takes no cap.
 #pragma once
 
 #include <string>
@@ -53,9 +58,10 @@ enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kZeroBubbleH1 };
 ScheduleKind schedule_kind(const std::string& name);
 const char* schedule_name(ScheduleKind kind);
 
-// The actions of every stage. UserError naming the numbers for P, M or V < 1, V > 1 with a
-// schedule other than interleaved, or interleaved with M < P.
-std::vector<StageActions> make_schedule(ScheduleKind kind, int P, int M, int V = 1);
+// The actions of every stage, at most A microbatches held per stage (A = 0: no cap).
+// UserError naming the numbers for P, M or V < 1, V > 1 with a schedule other than
+// interleaved, interleaved with M < P or with a cap, or A < 0.
+std::vector<StageActions> make_schedule(ScheduleKind kind, int P, int M, int V = 1, int A = 0);
 
 // "" when the schedule is valid: every (microbatch, chunk) has one F and either one BW or
 // one B and one W, all on its stage; each backward after its forward and each W after its B

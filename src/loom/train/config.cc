@@ -80,6 +80,8 @@ std::vector<Field> fields_of(TrainConfig& c) {
          return one_of(c.pp_schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
        }},
       {"pp.virtual_stages", &c.pp_virtual_stages, [&] { return at_least(c.pp_virtual_stages, 1); }},
+      {"pp.active_microbatches", &c.pp_active_microbatches,
+       [&] { return at_least(c.pp_active_microbatches, 0); }},
       {"pp.split", &c.pp_split,
        [&] {
          for (int64_t n : c.pp_split)

@@ -44,10 +44,11 @@ struct TrainConfig {
   // [tp]
   bool sequence_parallel = false;  // split LayerNorm/residual regions along the tokens
   // [pp]
-  int64_t pp_microbatches = 0;       // microbatches per step (= train.grad_accum; 0: that)
-  std::string pp_schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1
-  int64_t pp_virtual_stages = 1;     // chunks per stage (interleaved)
-  std::vector<int64_t> pp_split;     // units per virtual stage; empty: balanced by FLOPs
+  int64_t pp_microbatches = 0;         // microbatches per step (= train.grad_accum; 0: that)
+  std::string pp_schedule = "1f1b";    // gpipe | 1f1b | interleaved | zb-h1
+  int64_t pp_virtual_stages = 1;       // chunks per stage (interleaved)
+  int64_t pp_active_microbatches = 0;  // most microbatches a stage holds; 0: the schedule's
+  std::vector<int64_t> pp_split;       // units per virtual stage; empty: balanced by FLOPs
   // [zero]
   std::string shard_group = "world";  // world | node (shard inside a machine, replicate across)
   std::string comm_dtype = "fp32";    // fp32 | bf16: dtype of gradient reductions

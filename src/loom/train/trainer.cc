@@ -119,6 +119,7 @@ class Trainer {
   double peak_gflops_ = 0;  // all ranks together
   double peak_lr_ = 0;
   Clock::time_point started_;
+  double optim_s_ = 0;  // the last optimizer step (with ZeRO's gathers and any offload)
   int64_t first_step_ = 0;
 };
 
@@ -218,7 +219,9 @@ float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop
   const float clip = cfg_.grad_clip > 0 && norm > cfg_.grad_clip
                          ? static_cast<float>(cfg_.grad_clip / norm)
                          : 1.0f;
+  const auto optim_start = Clock::now();
   dp_->optimizer_step(clip, lr, cfg_.adamw(), step + 1);
+  optim_s_ = std::chrono::duration<double>(Clock::now() - optim_start).count();
   // The mean loss over the data-parallel replicas (the last pipeline stage computes it, the
   // tensor-parallel ranks of a stage the same value, other stages report 0), and whether
   // any rank was asked to stop (every rank must stop after the same step, or the
@@ -286,9 +289,9 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
     moments_mb = (moments_->bytes_read() + moments_->bytes_written()) / (1 << 20);
     moments_->reset_counters();
   }
-  constexpr int kPerRank = 7;
+  constexpr int kPerRank = 8;
   const auto mem = world_gather({static_cast<double>(StateMemory::peak()), peak_rss_bytes(), act,
-                                 block_act, pp_wait_ms, offload_mb, moments_mb});
+                                 block_act, pp_wait_ms, offload_mb, moments_mb, optim_s_ * 1e3});
   const double comm_wait_ms = dp_->comm_wait_s() * 1e3;
   dp_->reset_comm_wait();
   const double tp_comm_ms = tp_ ? tp_->counters().seconds * 1e3 : 0;
@@ -302,7 +305,7 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   nlohmann::json state_mb = nlohmann::json::array(), rss_mb = nlohmann::json::array(),
                  act_mb = nlohmann::json::array(), block_act_mb = nlohmann::json::array(),
                  wait_ms = nlohmann::json::array(), spill_mb = nlohmann::json::array(),
-                 zero_io_mb = nlohmann::json::array();
+                 zero_io_mb = nlohmann::json::array(), optim_ms = nlohmann::json::array();
   for (int q = 0; q < world_; ++q) {
     const double* r = mem.data() + kPerRank * q;
     state_mb.push_back(r[0] / (1 << 20));
@@ -312,6 +315,7 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
     wait_ms.push_back(r[4]);
     spill_mb.push_back(r[5]);
     zero_io_mb.push_back(r[6]);
+    optim_ms.push_back(r[7]);
   }
   nlohmann::json j = {{"step", step + 1},
                       {"loss", loss},
@@ -324,7 +328,8 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
                       {"state_peak_mb", state_mb},
                       {"rss_peak_mb", rss_mb},
                       {"activation_mb", act_mb},
-                      {"block_activation_mb", block_act_mb}};
+                      {"block_activation_mb", block_act_mb},
+                      {"optim_ms", optim_ms}};
   if (tp_) j["tp_comm_ms"] = tp_comm_ms, j["tp_comm_mb"] = tp_comm_mb;
   if (pipeline_) j["pp_wait_ms"] = wait_ms;
   if (pipeline_ && pipeline_->offload()) j["offload_mb"] = spill_mb;
@@ -365,9 +370,11 @@ void Trainer::plan_layout() {
   coord_ = mesh_->coord(rank_);
   model_cfg_.validate_split(mesh_->tp());
   const int P = mesh_->pp(), V = static_cast<int>(cfg_.pp_virtual_stages);
-  if (P == 1 && (V > 1 || !cfg_.pp_split.empty()))
-    throw UserError("pp.virtual_stages and pp.split need pipeline parallelism (train.pp > 1)",
-                    "set train.pp, or leave the pp section out");
+  if (P == 1 && (V > 1 || !cfg_.pp_split.empty() || cfg_.pp_active_microbatches > 0))
+    throw UserError(
+        "pp.virtual_stages, pp.split and pp.active_microbatches need pipeline parallelism "
+        "(train.pp > 1)",
+        "set train.pp, or leave the pp section out");
   if (P == 1 && cfg_.offload_activations)
     throw UserError("train.offload_activations needs pipeline parallelism (train.pp > 1)",
                     "without a pipeline one micro-batch is held at a time; use train.recompute "
@@ -383,7 +390,8 @@ void Trainer::plan_layout() {
   cfg_.resolve_batch(mesh_->dp());
   if (P > 1) {
     schedule_ = parallel::schedule_kind(cfg_.pp_schedule);
-    parallel::make_schedule(schedule_, P, static_cast<int>(cfg_.grad_accum), V);  // checks M, V
+    parallel::make_schedule(schedule_, P, static_cast<int>(cfg_.grad_accum), V,
+                            static_cast<int>(cfg_.pp_active_microbatches));  // checks M, V, A
     const int units = model_cfg_.n_layer + 2;
     if (cfg_.pp_split.empty()) {
       pieces_ = parallel::balance_units(
@@ -448,8 +456,9 @@ int Trainer::run() {
   dpo.comm_bf16 = cfg_.comm_dtype == "bf16";
   dpo.moments = moments_;
   if (mesh_->pp() > 1) {
-    pipeline_ = std::make_unique<parallel::PipelineStage>(*model_, groups_.pp, pieces_, schedule_,
-                                                          static_cast<int>(cfg_.grad_accum));
+    pipeline_ = std::make_unique<parallel::PipelineStage>(
+        *model_, groups_.pp, pieces_, schedule_, static_cast<int>(cfg_.grad_accum),
+        static_cast<int>(cfg_.pp_active_microbatches));
     if (offload_)
       pipeline_->set_offload(std::move(offload_),
                              static_cast<int>(cfg_.activation_loading_horizon));
@@ -493,10 +502,14 @@ int Trainer::run() {
     std::printf("loom: layout %s%s\n", mesh_->describe().c_str(),
                 cfg_.sequence_parallel && mesh_->tp() > 1 ? ", sequence parallel" : "");
     if (pipeline_)
-      std::printf("loom: pipeline %s, %lld microbatches, %d chunk(s) per stage: %s\n",
-                  cfg_.pp_schedule.c_str(), static_cast<long long>(cfg_.grad_accum),
-                  static_cast<int>(cfg_.pp_virtual_stages),
-                  parallel::describe_stages(pieces_, model_cfg_.n_layer).c_str());
+      std::printf(
+          "loom: pipeline %s, %lld microbatches%s, %d chunk(s) per stage: %s\n",
+          cfg_.pp_schedule.c_str(), static_cast<long long>(cfg_.grad_accum),
+          cfg_.pp_active_microbatches > 0
+              ? (" (at most " + std::to_string(cfg_.pp_active_microbatches) + " active)").c_str()
+              : "",
+          static_cast<int>(cfg_.pp_virtual_stages),
+          parallel::describe_stages(pieces_, model_cfg_.n_layer).c_str());
   }
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
