@@ -7,10 +7,13 @@
   * the measured bubble of each stage (time waiting for a neighbour over the rest of the
     step, `pp_wait_ms`) next to the schedule's formula, for pp 2 and pp 4 (4 ranks on 2
     cores: oversubscribed);
-  * activations each stage holds at most, per schedule.
+  * activations each stage holds at most, per schedule;
+  * with --memory instead: pp 2, each schedule with and without activation offload
+    (train.offload_activations, horizon 1) and with pp.active_microbatches = 2: activations
+    and peak RSS per stage, the bytes spilled and the step time.
 
     /usr/bin/python3 bench/pp_vs_one.py LOOM DATA_DIR [--model small] [--microbatches 8]
-                                        [--steps 4]
+                                        [--steps 4] [--memory]
 
 Medians over the steps after the first. Prints markdown tables.
 """
@@ -51,12 +54,36 @@ def loom(a, n, threads, *extra):
         waits = [statistics.median(m["pp_wait_ms"][r] for m in ms) for r in range(ranks)]
         out["bubble"] = [w / (step - w) for w in waits]
         out["act_mb"] = ms[-1]["activation_mb"]
+        out["rss_mb"] = ms[-1]["rss_peak_mb"]
+        out["spilled_mb"] = sum(ms[-1].get("offload_mb", [0]))
     return out
 
 
 def formula(schedule, P, M, V):
     f = (P - 1) / M
     return {"gpipe": f, "1f1b": f, "interleaved": f / V, "zb-h1": f / 3}[schedule]
+
+
+def memory(a):
+    print("%s, pp 2, %d microbatches of 2 x %d tokens per step, 1 thread per rank\n" % (
+        a.model, a.microbatches, SHAPES[a.model][3]))
+    print("| schedule | variant | step ms | activations per stage (MiB) | peak RSS per stage (MiB)"
+          " | spilled per step (MiB) |")
+    print("|---|---|---|---|---|---|")
+    variants = [("as is", []),
+                ("activation offload", ["--set", "train.offload_activations=true", "--set",
+                                        "train.activation_loading_horizon=1"]),
+                ("2 active microbatches", ["--set", "pp.active_microbatches=2"])]
+    for schedule, V in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)):
+        for name, extra in variants:
+            if schedule == "interleaved" and "pp.active_microbatches=2" in extra:
+                continue  # interleaved takes no cap
+            r = loom(a, 2, 1, "--set", "train.pp=2", "--set", "pp.schedule=" + schedule,
+                     "--set", "pp.virtual_stages=%d" % V, *extra)
+            print("| %s | %s | %.0f | %s | %s | %.0f |" % (
+                schedule + (" (V %d)" % V if V > 1 else ""), name, r["step_ms"],
+                " / ".join("%.0f" % x for x in r["act_mb"]),
+                " / ".join("%.0f" % x for x in r["rss_mb"]), r["spilled_mb"]), flush=True)
 
 
 def main():
@@ -66,8 +93,12 @@ def main():
     ap.add_argument("--model", default="small")
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--memory", action="store_true")
     a = ap.parse_args()
     M = a.microbatches
+    if a.memory:
+        memory(a)
+        return
     one = loom(a, 1, 2)
     rows = []
     for P in (2, 4):

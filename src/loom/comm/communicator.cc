@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "loom/comm/algorithms/algorithms.h"
+#include "loom/comm/flight_recorder.h"
 #include "loom/comm/net/handshake.h"
 #include "loom/comm/net/socket.h"
 #include "loom/comm/reduce.h"
@@ -138,6 +139,9 @@ Communicator::Communicator(std::shared_ptr<Store> root_store, std::shared_ptr<St
         "rank " + std::to_string(rank) + " is not valid for world size " + std::to_string(size),
         "ranks run from 0 to size-1 (LOOM_RANK, LOOM_WORLD_SIZE)");
   watch_store_ = root_store_->clone();
+  name_ = std::make_shared<const std::string>(cfg_.name);
+  world_ranks_.resize(size);
+  for (int q = 0; q < size; ++q) world_ranks_[q] = q;  // a split maps them to the world's
   p2p_send_seq_.assign(size, 0);
   p2p_recv_seq_.assign(size, 0);
 }
@@ -147,6 +151,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   auto ns = std::make_shared<PrefixStore>(cfg.name, std::move(store));
   std::shared_ptr<Communicator> c(new Communicator(ns, ns, rank, size, std::move(cfg)));
   c->connect(Deadline::after_seconds(c->cfg_.timeout_s));
+  start_watchdog(c->root_store_->clone(), rank, size);  // once per process
   return c;
 }
 
@@ -306,6 +311,7 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   auto ns = std::make_shared<PrefixStore>(sub, store_);
   std::shared_ptr<Communicator> c(
       new Communicator(root_store_, ns, new_rank, static_cast<int>(members.size()), cfg));
+  for (size_t i = 0; i < members.size(); ++i) c->world_ranks_[i] = world_ranks_[members[i]];
   c->connect(Deadline::after_seconds(cfg.timeout_s));
   return c;
 }
@@ -344,13 +350,15 @@ WorkPtr Communicator::submit(Op op, bool blocking) {
     op.seq = op.p2p_send ? p2p_send_seq_[op.p2p_peer]++ : p2p_recv_seq_[op.p2p_peer]++;
   else
     op.seq = next_seq_++;
+  const size_t bytes = op.fp.count * dtype_size(op.fp.dtype);
   if (blocking && queue_.empty() && !running_) {
     // The latency path: run on the caller's thread.
     running_ = true;
     lock.unlock();
+    op.record = FlightRecorder::get().queued(name_, op.seq, op.fp, bytes, true);
     std::exception_ptr err;
     try {
-      run(op);
+      run(op, true);
     } catch (...) {
       err = std::current_exception();
     }
@@ -362,6 +370,7 @@ WorkPtr Communicator::submit(Op op, bool blocking) {
     if (err) std::rethrow_exception(err);
     return work;
   }
+  op.record = FlightRecorder::get().queued(name_, op.seq, op.fp, bytes);
   queue_.push_back(std::move(op));
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   lock.unlock();
@@ -380,6 +389,7 @@ void Communicator::worker_loop() {
     running_ = true;
     std::exception_ptr err = broken_;
     lock.unlock();
+    if (err) FlightRecorder::get().finished(op.record, false);
     if (!err) {
       try {
         run(op);
@@ -425,6 +435,15 @@ void Communicator::fail(const Op& op, const std::exception& e) {
                               << se.what();
     }
   }
+  {
+    // The flight recorder's last operations of this process, for the post-mortem.
+    std::string lines;
+    const double now = FlightRecorder::now_s();
+    for (const auto& e : FlightRecorder::get().last(4))
+      lines += "\n  " + FlightRecorder::describe(e, now);
+    LOOM_LOG(kWarn, "comm") << "rank " << rank_ << " of '" << cfg_.name
+                            << "', its last operations:" << lines;
+  }
   PeerError err(kind, msg, peer);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -433,18 +452,38 @@ void Communicator::fail(const Op& op, const std::exception& e) {
   throw err;
 }
 
-void Communicator::run(Op& op) {
+void Communicator::run(Op& op, bool on_caller) {
   double t = op.timeout_s > 0 ? op.timeout_s : cfg_.timeout_s;
+  FlightRecorder& rec = FlightRecorder::get();
+  if (!on_caller) rec.started(op.record);
+  // Every 100 ms of waiting: a recorded root cause first, then whom we wait for (the
+  // flight recorder shows it in a hang report). One pointer captured: std::function keeps
+  // it without allocating, on the latency path too.
+  struct Waiting {
+    Communicator* c;
+    const Exec* x;
+    uint64_t record;
+  } w{this, nullptr, op.record};
   Exec x(
       rank_, size_, pairs_, topo_, op.fp, op.seq, Deadline::after_seconds(t), wait_policy_,
-      [this] { check_abort(); }, scratch_);
+      [&w] {
+        w.c->check_abort();
+        if (!w.x) return;
+        std::vector<int> who;
+        for (int q : w.x->busy_peers()) who.push_back(w.c->world_ranks_[q]);
+        FlightRecorder::get().waiting(w.record, std::move(who));
+      },
+      scratch_);
+  w.x = &x;
   try {
     op.body(x);
-  } catch (const PeerError& e) {
-    fail(op, e);
-  } catch (const InternalError& e) {
-    fail(op, e);
+  } catch (const std::exception& e) {
+    rec.finished(op.record, false);
+    const auto* pe = dynamic_cast<const PeerError*>(&e);
+    if (pe || dynamic_cast<const InternalError*>(&e)) fail(op, e);
+    throw;
   }
+  rec.finished(op.record, true);
 }
 
 void Communicator::validate(int root, const char* what) const {

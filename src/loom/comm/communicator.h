@@ -121,11 +121,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
  private:
   struct Op {
     Fingerprint fp;
-    size_t bytes = 0;  // size the tuning table sees
     double timeout_s = 0;
     int p2p_peer = -1;  // send/recv: the peer; sequence numbers are per peer
     bool p2p_send = false;
     uint64_t seq = 0;
+    uint64_t record = 0;  // its flight-recorder entry
     std::function<void(Exec&)> body;
     WorkPtr work;
   };
@@ -158,7 +158,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   // Builds the op's fingerprint (choosing the algorithm) and runs or queues it.
   WorkPtr submit(Op op, bool blocking);
-  void run(Op& op);
+  void run(Op& op, bool on_caller = false);  // on_caller: its record is already "running"
   void worker_loop();
   void check_abort();
   [[noreturn]] void fail(const Op& op, const std::exception& e);
@@ -170,6 +170,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::unique_ptr<Store> watch_store_;  // a second connection, for abort checks while blocked
   int rank_, size_;
   CommConfig cfg_;
+  std::shared_ptr<const std::string> name_;  // cfg_.name, shared with the flight recorder
+  std::vector<int> world_ranks_;             // the world rank of each of our ranks
   Topology topo_;
   WaitPolicy wait_policy_;
   std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer rank; null for self

@@ -107,6 +107,13 @@ std::byte* Exec::scratch(size_t bytes) {
   return scratch_.data();
 }
 
+std::vector<int> Exec::busy_peers() const {
+  std::vector<int> v;
+  for (auto& p : pairs_)
+    if (p && p->busy()) v.push_back(p->peer());
+  return v;
+}
+
 void Exec::timed_out() {
   std::string waiting;
   for (auto& p : pairs_)

@@ -55,6 +55,9 @@ class Exec {
   void wait(const SendReq* s);
   void wait_all();
 
+  // The peers (ranks of this communicator) with transfers still open.
+  std::vector<int> busy_peers() const;
+
   // A reusable scratch buffer of at least `bytes` (grows; kept by the communicator).
   std::byte* scratch(size_t bytes);
 

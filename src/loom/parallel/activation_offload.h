@@ -44,6 +44,8 @@ class ActivationOffload {
   bool is_out(int key) const { return state_.count(key) > 0; }
   // Bytes of an offloaded key still in memory (its write not finished, or read back).
   size_t resident_bytes(int key) const;
+  // Written-out buffers kept for the next read-back (at most one microbatch's worth).
+  size_t spare_bytes() const { return spare_bytes_.load(); }
 
   const std::string& path() const { return path_; }
   double bytes_written() const { return written_; }
@@ -61,8 +63,14 @@ class ActivationOffload {
     std::shared_future<void> writing, reading;
   };
 
+  void recycle(std::vector<float>&& b);         // I/O thread: a written buffer, kept or freed
+  void reuse(std::vector<float>& b, size_t n);  // I/O thread: b sized n, from a spare if one fits
+
   std::string path_;
   int fd_ = -1;
+  std::vector<std::vector<float>> spare_;  // written-out buffers for the next read-back
+  std::atomic<size_t> spare_cap_{0};       // their most bytes: the largest microbatch
+  std::atomic<size_t> spare_bytes_{0};
   size_t end_ = 0;             // the file's allocated size
   std::map<int, Slot> slots_;  // by key, kept across steps
   std::map<int, bool> state_;  // keys whose buffers are out (true: a read was started)

@@ -63,8 +63,29 @@ model::Activations& PipelineStage::hold(int m, int chunk) {
   return *slot;
 }
 
-void PipelineStage::release(int m, int chunk) {
-  pool_.push_back(std::move(acts_[m][chunk]));
+void PipelineStage::release(int m, int chunk, bool forward_next) {
+  auto a = std::move(acts_[m][chunk]);
+  // With offload, the pool keeps one microbatch for a forward that comes next to reuse
+  // (fresh buffers cost page faults); other finished microbatches' buffers leave memory (pooled,
+  // every read-back buffer would stay until the next step's forwards: GPipe's backward phase would
+  // hold them all again) as soon as no send reads them.
+  if (!offload_ || (forward_next && pool_.empty())) {
+    pool_.push_back(std::move(a));
+    return;
+  }
+  retiring_.push_back(std::move(a));
+  sweep_retiring();
+}
+
+void PipelineStage::sweep_retiring() {
+  std::erase_if(retiring_, [&](const std::unique_ptr<model::Activations>& a) {
+    auto it = sending_from_.find(a.get());
+    if (it == sending_from_.end()) return true;
+    if (!std::all_of(it->second.begin(), it->second.end(), [](auto& w) { return w->test(); }))
+      return false;
+    sending_from_.erase(it);
+    return true;  // freed; hold() makes a new one
+  });
 }
 
 void PipelineStage::note_peak() {
@@ -81,6 +102,9 @@ void PipelineStage::note_peak() {
       }
       bytes += a->bytes(), block_bytes += a->block_bytes();
     }
+  for (const auto& a : pool_) bytes += a->bytes();  // idle buffers are memory too
+  for (const auto& a : retiring_) bytes += a->bytes();
+  if (offload_) bytes += offload_->spare_bytes();
   peak_bytes_ = std::max(peak_bytes_, bytes);
   peak_block_bytes_ = std::max(peak_block_bytes_, block_bytes);
 }
@@ -121,6 +145,7 @@ void PipelineStage::wait_sends() {
   for (auto& w : sends_) w->wait();
   sends_.clear();
   sending_from_.clear();
+  retiring_.clear();
   wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -150,6 +175,7 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
   for (size_t i = 0; i < list.size(); ++i) {
     const PipelineAction& x = list[i];
     const int v = x.chunk * P_ + stage_, key = x.microbatch * V_ + x.chunk;
+    if (offload_) sweep_retiring();
     if (offload_)  // bring back what the next `horizon_` backwards need
       for (size_t j = i + 1; j < list.size() && j <= i + horizon_; ++j)
         if (list[j].pass == Pass::kB || list[j].pass == Pass::kBW)
@@ -181,7 +207,8 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
     if (hooks) hooks->after_action();
     if (x.pass != Pass::kW && v > 0) send(kGradient, (v - 1) % P_, model_.input_grad(a), n, &a);
     note_peak();
-    if (x.pass != Pass::kB) release(x.microbatch, x.chunk);
+    if (x.pass != Pass::kB)
+      release(x.microbatch, x.chunk, i + 1 < list.size() && list[i + 1].pass == Pass::kF);
   }
   wait_sends();
   return loss;

@@ -91,8 +91,10 @@ class PipelineStage {
   double forward_action(int m, int chunk, const int* tokens, const int* targets, int B, int T,
                         PipelineHooks* hooks);
   model::Activations& hold(int m, int chunk);  // from the pool, for F
-  void release(int m, int chunk);              // back to the pool, after the last backward
-  void note_peak();                            // the peak of activation bytes in memory
+  void release(int m, int chunk,
+               bool forward_next = false);  // back to the pool, after the last backward
+  void sweep_retiring();                    // frees retiring activations no send reads
+  void note_peak();                         // the peak of activation bytes in memory
   const float* receive(Kind kind, int from, size_t n);
   // An async send from a buffer of `owner`, which is not reused before the send is done.
   void send(Kind kind, int to, const float* data, size_t n, const model::Activations* owner);
@@ -108,6 +110,8 @@ class PipelineStage {
   // step allocates only as many as the schedule holds at once.
   std::vector<std::vector<std::unique_ptr<model::Activations>>> acts_;
   std::vector<std::unique_ptr<model::Activations>> pool_;
+  // With offload: finished microbatches' activations, freed once their sends are done.
+  std::vector<std::unique_ptr<model::Activations>> retiring_;
   std::vector<comm::WorkPtr> sends_;
   std::map<const model::Activations*, std::vector<comm::WorkPtr>> sending_from_;
   std::unique_ptr<ActivationOffload> offload_;

@@ -1,0 +1,298 @@
+#include "loom/comm/flight_recorder.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "loom/comm/store/store.h"
+#include "loom/core/deadline.h"
+#include "loom/core/log.h"
+#include "loom/core/tunable.h"
+
+namespace loom::comm {
+namespace {
+
+const IntTunable kRecords("LOOM_FLIGHT_RECORDS", 256,
+                          "operations the flight recorder keeps per process (the last ones; "
+                          "0: record nothing, and the watchdog sees no hang)");
+const DoubleTunable kWatchdog("LOOM_WATCHDOG_S", 60.0,
+                              "seconds an operation may stay open before every rank reports "
+                              "where it is and one hang report is printed (0: off)");
+constexpr double kAnswerS = 3.0;  // how long the reporter waits for the other ranks
+
+const auto kStart = std::chrono::steady_clock::now();
+std::atomic<bool> g_usr1{false};
+
+void on_usr1(int) {
+  g_usr1.store(true);
+}
+
+std::string ranks_text(const std::vector<int>& r) {
+  std::string s;
+  for (int q : r) s += (s.empty() ? "" : ", ") + std::to_string(q);
+  return s;
+}
+
+nlohmann::json to_json(const FlightEntry& e, double now) {
+  return {{"comm", e.comm ? *e.comm : "?"},
+          {"seq", e.seq},
+          {"op", e.fp.str()},
+          {"bytes", e.bytes},
+          {"state", op_state_name(e.state)},
+          {"line", FlightRecorder::describe(e, now)},
+          {"waiting_for", e.waiting_for}};
+}
+
+class Watchdog {
+ public:
+  Watchdog(std::unique_ptr<Store> store, int rank, int size)
+      : store_(std::move(store)), rank_(rank), size_(size), after_s_(kWatchdog.get()) {
+    struct sigaction sa = {};
+    sa.sa_handler = on_usr1;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGUSR1, &sa, nullptr);
+    thread_ = std::thread([this] { loop(); });
+    thread_.detach();  // lives as long as the process; never joined at exit
+  }
+
+ private:
+  void loop() {
+    try {
+      for (;;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        tick();
+      }
+    } catch (const std::exception& e) {
+      // The store went away (the job is ending): nothing left to report to.
+      LOOM_LOG(kDebug, "comm") << "watchdog stopped: " << e.what();
+    }
+  }
+
+  void tick() {
+    FlightRecorder& rec = FlightRecorder::get();
+    const double now = FlightRecorder::now_s();
+    bool trigger = false;
+    if (g_usr1.exchange(false)) {
+      std::string lines;
+      for (const auto& e : rec.last(16)) lines += "\nloom:   " + FlightRecorder::describe(e, now);
+      std::fprintf(stderr, "loom: rank %d's last operations (SIGUSR1):%s\n", rank_, lines.c_str());
+      cause_ = "SIGUSR1";
+      trigger = true;
+    }
+    if (!raised_ && after_s_ > 0) {
+      const auto open = rec.open();
+      if (!open.empty() && now - open.front().queued_s > after_s_) {
+        cause_ = "rank " + std::to_string(rank_) + " has been in " +
+                 FlightRecorder::describe(open.front(), now) +
+                 " (LOOM_WATCHDOG_S = " + std::to_string(static_cast<int>(after_s_)) + ")";
+        trigger = true;
+      }
+    }
+    if (trigger && !raised_) {
+      raised_ = true;
+      const std::string me = std::to_string(rank_);
+      if (store_->compare_set("hang/reporter", "", me) == me) {
+        reporter_ = true;
+        asked_at_ = now;
+        store_->set("hang/cause", cause_);
+      }
+    }
+    if (!posted_ && (raised_ || store_->check({"hang/reporter"}))) {
+      post(now);
+      posted_ = true;
+    }
+    if (reporter_ && !reported_) {
+      bool all = true;
+      for (int q = 0; q < size_ && all; ++q) all = store_->check({key(q)});
+      if (all || now - asked_at_ > kAnswerS) {
+        report();
+        reported_ = true;
+      }
+    }
+  }
+
+  static std::string key(int q) { return "hang/rank" + std::to_string(q); }
+
+  void post(double now) {
+    FlightRecorder& rec = FlightRecorder::get();
+    nlohmann::json open = nlohmann::json::array(), last = nlohmann::json::array();
+    for (const auto& e : rec.open()) open.push_back(to_json(e, now));
+    for (const auto& e : rec.last(4))
+      if (e.state == OpState::kDone || e.state == OpState::kFailed) last.push_back(to_json(e, now));
+    nlohmann::json j = {{"rank", rank_}, {"pid", ::getpid()}, {"open", open}, {"last", last}};
+    store_->set(key(rank_), j.dump());
+  }
+
+  // One report: every rank's place, then who is behind.
+  void report() {
+    std::vector<std::optional<nlohmann::json>> dumps(size_);
+    for (int q = 0; q < size_; ++q)
+      if (store_->check({key(q)}))
+        dumps[q] = nlohmann::json::parse(store_->get(key(q), Deadline::after_seconds(10)));
+    std::string out = "loom: hang report: " + cause_ + "\n";
+    std::set<int> waited_for, in_op, silent;
+    std::map<int, std::set<int>> waiters;
+    for (int q = 0; q < size_; ++q) {
+      out += "loom:   rank " + std::to_string(q);
+      if (!dumps[q]) {
+        silent.insert(q);
+        out += ": no answer within " + std::to_string(static_cast<int>(kAnswerS)) +
+               " s (stopped, hung outside loom, or dead)\n";
+        continue;
+      }
+      const auto& d = *dumps[q];
+      out += " (pid " + std::to_string(d["pid"].get<int>()) + "): ";
+      if (d["open"].empty()) {
+        out += "in no operation";
+        if (!d["last"].empty()) out += "; last: " + d["last"].back()["line"].get<std::string>();
+        out += "\n";
+        continue;
+      }
+      in_op.insert(q);
+      out += d["open"][0]["line"].get<std::string>();
+      if (d["open"].size() > 1) out += " (+" + std::to_string(d["open"].size() - 1) + " queued)";
+      out += "\n";
+      for (const auto& e : d["open"])
+        for (int w : e["waiting_for"]) waited_for.insert(w), waiters[w].insert(q);
+    }
+    // Behind: waited for, but not itself waiting in an operation (computing, stopped or
+    // stuck outside loom), and every rank that did not answer.
+    std::set<int> behind = silent;
+    for (int w : waited_for)
+      if (!in_op.count(w)) behind.insert(w);
+    if (in_op.empty() && silent.empty()) {
+      out += "loom:   behind: none (no rank is inside an operation)\n";
+    } else if (behind.empty()) {
+      out +=
+          "loom:   behind: none found (every rank is inside an operation: a mismatch of "
+          "operations or a lost peer; LOOM_TIMEOUT_S will name it)\n";
+    } else {
+      for (int b : behind) {
+        out += "loom:   behind: rank " + std::to_string(b);
+        if (waiters.count(b))
+          out +=
+              " (waited for by rank(s) " + ranks_text({waiters[b].begin(), waiters[b].end()}) + ")";
+        out += "\n";
+      }
+    }
+    std::fputs(out.c_str(), stderr);
+    std::fflush(stderr);
+  }
+
+  std::unique_ptr<Store> store_;
+  int rank_, size_;
+  double after_s_;
+  std::string cause_;
+  bool raised_ = false, posted_ = false, reporter_ = false, reported_ = false;
+  double asked_at_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace
+
+const char* op_state_name(OpState s) {
+  switch (s) {
+    case OpState::kQueued:
+      return "queued";
+    case OpState::kRunning:
+      return "running";
+    case OpState::kDone:
+      return "done";
+    case OpState::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+FlightRecorder& FlightRecorder::get() {
+  static FlightRecorder* r = new FlightRecorder();  // never destroyed: threads may record late
+  return *r;
+}
+
+FlightRecorder::FlightRecorder()
+    : capacity_(static_cast<size_t>(std::max<int64_t>(0, kRecords.get()))) {}
+
+double FlightRecorder::now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - kStart).count();
+}
+
+uint64_t FlightRecorder::queued(std::shared_ptr<const std::string> comm, uint64_t seq,
+                                const Fingerprint& fp, size_t bytes, bool running) {
+  if (capacity_ == 0) return 0;
+  FlightEntry e;
+  e.comm = std::move(comm), e.seq = seq, e.fp = fp, e.bytes = bytes, e.queued_s = now_s();
+  if (running) e.state = OpState::kRunning, e.started_s = e.queued_s;
+  std::lock_guard<std::mutex> lock(mu_);
+  e.id = next_id_++;
+  ring_.push_back(std::move(e));
+  if (ring_.size() > capacity_) ring_.pop_front();
+  return ring_.back().id;
+}
+
+FlightEntry* FlightRecorder::find(uint64_t id) {
+  if (ring_.empty() || id < ring_.front().id || id > ring_.back().id) return nullptr;
+  return &ring_[id - ring_.front().id];
+}
+
+void FlightRecorder::started(uint64_t id) {
+  const double t = now_s();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (FlightEntry* e = find(id)) e->state = OpState::kRunning, e->started_s = t;
+}
+
+void FlightRecorder::finished(uint64_t id, bool ok) {
+  const double t = now_s();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (FlightEntry* e = find(id)) {
+    e->state = ok ? OpState::kDone : OpState::kFailed, e->ended_s = t;
+    e->waiting_for.clear();
+  }
+}
+
+void FlightRecorder::waiting(uint64_t id, std::vector<int> world_ranks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (FlightEntry* e = find(id)) e->waiting_for = std::move(world_ranks);
+}
+
+std::vector<FlightEntry> FlightRecorder::last(size_t n) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t k = std::min(n, ring_.size());
+  return {ring_.end() - static_cast<std::ptrdiff_t>(k), ring_.end()};
+}
+
+std::vector<FlightEntry> FlightRecorder::open() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<FlightEntry> v;
+  for (const auto& e : ring_)
+    if (e.state == OpState::kQueued || e.state == OpState::kRunning) v.push_back(e);
+  return v;
+}
+
+std::string FlightRecorder::describe(const FlightEntry& e, double now) {
+  char when[64];
+  if (e.state == OpState::kQueued)
+    std::snprintf(when, sizeof when, "queued for %.1f s", now - e.queued_s);
+  else if (e.state == OpState::kRunning)
+    std::snprintf(when, sizeof when, "running for %.1f s", now - e.started_s);
+  else
+    std::snprintf(when, sizeof when, "%s %.1f s ago", op_state_name(e.state), now - e.ended_s);
+  std::string s = e.fp.str() + " #" + std::to_string(e.seq) + " on '" + (e.comm ? *e.comm : "?") +
+                  "' (" + std::to_string(e.bytes) + " bytes): " + when;
+  if (!e.waiting_for.empty()) s += ", waiting for rank(s) " + ranks_text(e.waiting_for);
+  return s;
+}
+
+void start_watchdog(std::unique_ptr<Store> store, int rank, int size) {
+  static std::once_flag once;
+  std::call_once(once, [&] { new Watchdog(std::move(store), rank, size); });
+}
+
+}  // namespace loom::comm

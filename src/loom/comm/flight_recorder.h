@@ -1,0 +1,78 @@
+// The flight recorder and the hang watchdog.
+//
+// FlightRecorder: the last LOOM_FLIGHT_RECORDS collective and point-to-point operations of
+// this process, all communicators together: communicator, sequence number, operation,
+// bytes, state (queued, running, done, failed), when each state began and, while an
+// operation is blocked, the world ranks it waits for.
+//
+// Watchdog (one thread per process, started with the first communicator): when an
+// operation has been open longer than LOOM_WATCHDOG_S, or on SIGUSR1, this rank posts its
+// open operations to the job's store and asks every rank to do the same; the first rank to
+// ask waits a few seconds for the answers and prints one report — which ranks are in the
+// stuck operation, which wait for whom, and which are behind (in an earlier operation, not
+// in one, or not answering: stopped, or hung outside loom) — well before LOOM_TIMEOUT_S ends
+// the job. Any failed operation also prints this rank's last operations.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/comm/transport/pair.h"
+
+namespace loom::comm {
+
+class Store;
+
+enum class OpState { kQueued, kRunning, kDone, kFailed };
+const char* op_state_name(OpState s);
+
+struct FlightEntry {
+  uint64_t id = 0;                          // per process, increasing
+  std::shared_ptr<const std::string> comm;  // its name ("world", "world/split0/c1", ...)
+  uint64_t seq = 0;  // the communicator's sequence number (per peer for send/recv)
+  Fingerprint fp;    // the operation (formatted only when shown: recording stays cheap)
+  size_t bytes = 0;
+  OpState state = OpState::kQueued;
+  double queued_s = 0, started_s = -1, ended_s = -1;  // process clock (FlightRecorder::now_s)
+  std::vector<int> waiting_for;                       // world ranks, while blocked
+};
+
+class FlightRecorder {
+ public:
+  static FlightRecorder& get();
+  static double now_s();  // seconds since this process started its recorder
+
+  // A new entry, queued (or already running: an operation run at once on the caller's
+  // thread records one state change less).
+  uint64_t queued(std::shared_ptr<const std::string> comm, uint64_t seq, const Fingerprint& fp,
+                  size_t bytes, bool running = false);
+  void started(uint64_t id);
+  void finished(uint64_t id, bool ok);
+  void waiting(uint64_t id, std::vector<int> world_ranks);
+
+  std::vector<FlightEntry> last(size_t n) const;  // oldest first
+  std::vector<FlightEntry> open() const;          // queued or running, oldest first
+  // One line per entry: "#seq op on 'comm': state for 1.2 s, waiting for ranks 2".
+  static std::string describe(const FlightEntry& e, double now);
+
+ private:
+  FlightRecorder();
+  FlightEntry* find(uint64_t id);  // null once the ring dropped it
+
+  mutable std::mutex mu_;
+  std::deque<FlightEntry> ring_;
+  size_t capacity_;
+  uint64_t next_id_ = 0;
+};
+
+// Starts the process's watchdog once (later calls do nothing). `store` is a connection of
+// its own to the job's namespace; `rank`/`size` the world's.
+void start_watchdog(std::unique_ptr<Store> store, int rank, int size);
+
+}  // namespace loom::comm
