@@ -14,6 +14,7 @@
 #include "loom/comm/store/store.h"
 #include "loom/core/deadline.h"
 #include "loom/core/log.h"
+#include "loom/core/trace.h"
 #include "loom/core/tunable.h"
 
 namespace loom::comm {
@@ -250,11 +251,45 @@ void FlightRecorder::started(uint64_t id) {
 
 void FlightRecorder::finished(uint64_t id, bool ok) {
   const double t = now_s();
-  std::lock_guard<std::mutex> lock(mu_);
-  if (FlightEntry* e = find(id)) {
-    e->state = ok ? OpState::kDone : OpState::kFailed, e->ended_s = t;
-    e->waiting_for.clear();
+  std::optional<FlightEntry> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (FlightEntry* e = find(id)) {
+      e->state = ok ? OpState::kDone : OpState::kFailed, e->ended_s = t;
+      e->waiting_for.clear();
+      if (Trace::on()) done = *e;
+    }
   }
+  if (done) trace(*done);
+}
+
+// The timeline's span of a finished operation: one track per communicator (its operations
+// run one at a time, so the spans nest), from start to end, with what waited before.
+void FlightRecorder::trace(const FlightEntry& e) {
+  const double epoch_us =
+      std::chrono::duration<double, std::micro>(kStart.time_since_epoch()).count();
+  const std::string op = e.fp.str(), comm = e.comm ? *e.comm : "?";
+  nlohmann::json args = {{"op", op},
+                         {"bytes", e.bytes},
+                         {"seq", e.seq},
+                         {"comm", comm},
+                         {"queued_us", (e.started_s - e.queued_s) * 1e6},
+                         {"ok", e.state == OpState::kDone}};
+  int tid;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tracks_.find(comm);
+    if (it == tracks_.end())
+      it = tracks_.emplace(comm, 10 + static_cast<int>(tracks_.size())).first;
+    tid = it->second;
+  }
+  Trace::get().add(op.substr(0, op.find('(')), "comm", epoch_us + e.started_s * 1e6,
+                   epoch_us + e.ended_s * 1e6, tid, args.dump());
+}
+
+std::map<std::string, int> FlightRecorder::tracks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tracks_;
 }
 
 void FlightRecorder::waiting(uint64_t id, std::vector<int> world_ranks) {

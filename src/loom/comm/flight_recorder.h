@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -60,15 +61,20 @@ class FlightRecorder {
   std::vector<FlightEntry> open() const;          // queued or running, oldest first
   // One line per entry: "#seq op on 'comm': state for 1.2 s, waiting for ranks 2".
   static std::string describe(const FlightEntry& e, double now);
+  // The timeline's track (thread id) of each communicator that finished an operation while
+  // tracing was on (loom/core/trace.h).
+  std::map<std::string, int> tracks() const;
 
  private:
   FlightRecorder();
   FlightEntry* find(uint64_t id);  // null once the ring dropped it
+  void trace(const FlightEntry& e);
 
   mutable std::mutex mu_;
   std::deque<FlightEntry> ring_;
   size_t capacity_;
   uint64_t next_id_ = 0;
+  std::map<std::string, int> tracks_;
 };
 
 // Starts the process's watchdog once (later calls do nothing). `store` is a connection of

@@ -6,6 +6,7 @@
 
 #include "loom/core/check.h"
 #include "loom/core/error.h"
+#include "loom/core/trace.h"
 
 namespace loom::parallel {
 using loom::DType;
@@ -181,6 +182,12 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
         if (list[j].pass == Pass::kB || list[j].pass == Pass::kBW)
           if (auto& held = acts_[list[j].microbatch][list[j].chunk])
             offload_->prefetch(list[j].microbatch * V_ + list[j].chunk, *held);
+    const char* pass_names[] = {"F", "BW", "B", "W"};
+    TraceSpan span{Trace::on() ? std::string(pass_names[static_cast<int>(x.pass)]) + " " +
+                                     std::to_string(x.microbatch) +
+                                     (V_ > 1 ? "." + std::to_string(x.chunk) : "")
+                               : std::string(),
+                   "pipeline"};
     if (x.pass == Pass::kF) {
       loss += forward_action(x.microbatch, x.chunk, tokens, targets, B, T, hooks);
       note_peak();

@@ -70,6 +70,7 @@ std::vector<Field> fields_of(TrainConfig& c) {
       {"train.pp", &c.pp, [&] { return at_least(c.pp, 1); }},
       {"train.placement", &c.placement, [&] { return std::string(); }},  // checked by the mesh
       {"train.offload_activations", &c.offload_activations, [] { return std::string(); }},
+      {"train.profile", &c.profile, [] { return std::string(); }},
       {"train.activation_loading_horizon", &c.activation_loading_horizon,
        [&] { return at_least(c.activation_loading_horizon, 1); }},
       {"train.offload_dir", &c.offload_dir, [] { return std::string(); }},

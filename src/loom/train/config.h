@@ -39,6 +39,7 @@ struct TrainConfig {
   int64_t pp = 1;                     // pipeline-parallel size (1: pipelines are not built yet)
   std::string placement = "cluster";  // cluster (= DPT) | spread (= TPD) | an order of D, P, T
   bool offload_activations = false;   // pipelines: spill waiting microbatches to disk
+  bool profile = false;               // the timeline: run.dir/trace.json
   int64_t activation_loading_horizon = 4;  // read them back this many actions ahead
   std::string offload_dir;                 // the spill files' folder; "": run.dir/spill
   // [tp]

@@ -15,9 +15,11 @@
 
 #include "loom/ckpt/checkpoint.h"
 #include "loom/comm/bootstrap.h"
+#include "loom/comm/flight_recorder.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/core/state_memory.h"
+#include "loom/core/trace.h"
 #include "loom/data/loader.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/model/gpt.h"
@@ -84,6 +86,7 @@ class Trainer {
   int64_t restore();       // returns the first step to run
   float train_step(int64_t step, double lr, double* grad_norm, bool* stop);
   double evaluate();
+  void write_trace();
   void save(int64_t next_step);
   void log_step(int64_t step, float loss, double lr, double grad_norm, double step_s);
   bool chatty() const { return !opt_.quiet && (rank_ == 0 || all_ranks_log_); }
@@ -189,6 +192,7 @@ void Trainer::save(int64_t next_step) {
   nlohmann::json meta = {{"next_step", next_step},   {"loader_step", next_step},
                          {"seed", cfg_.seed},        {"model", model_cfg_.to_json()},
                          {"config", cfg_.to_toml()}, {"layout", layout}};
+  TraceSpan span("checkpoint", "checkpoint");
   ckpt::SaveOptions so;
   so.root = cfg_.run_dir + "/ckpt";
   so.step = next_step;
@@ -199,10 +203,66 @@ void Trainer::save(int64_t next_step) {
   ckpt::save(so, pieces, meta);
 }
 
+// train.profile: each rank writes its spans (trace/rank-R.json), then rank 0 merges them
+// into run.dir/trace.json: processes = ranks, threads = compute and one track per
+// communicator. The ranks of one machine share CLOCK_MONOTONIC, so their spans align as
+// recorded (several machines need an offset per rank: not built yet).
+void Trainer::write_trace() {
+  if (!cfg_.profile) return;
+  Trace::get().enable(false);
+  const auto events = Trace::get().take();
+  nlohmann::json out = nlohmann::json::array();
+  out.push_back({{"ph", "M"},
+                 {"name", "process_name"},
+                 {"pid", rank_},
+                 {"tid", 0},
+                 {"args", {{"name", "rank " + std::to_string(rank_)}}}});
+  out.push_back({{"ph", "M"},
+                 {"name", "process_sort_index"},
+                 {"pid", rank_},
+                 {"tid", 0},
+                 {"args", {{"sort_index", rank_}}}});
+  out.push_back({{"ph", "M"},
+                 {"name", "thread_name"},
+                 {"pid", rank_},
+                 {"tid", Trace::kCompute},
+                 {"args", {{"name", "compute"}}}});
+  for (const auto& [comm, tid] : comm::FlightRecorder::get().tracks())
+    out.push_back({{"ph", "M"},
+                   {"name", "thread_name"},
+                   {"pid", rank_},
+                   {"tid", tid},
+                   {"args", {{"name", "comm " + comm}}}});
+  for (const auto& e : events) {
+    nlohmann::json j = {{"ph", "X"},    {"name", e.name}, {"cat", e.cat},   {"pid", rank_},
+                        {"tid", e.tid}, {"ts", e.ts_us},  {"dur", e.dur_us}};
+    if (!e.args.empty()) j["args"] = nlohmann::json::parse(e.args);
+    out.push_back(std::move(j));
+  }
+  const std::string dir = cfg_.run_dir + "/trace";
+  std::filesystem::create_directories(dir);
+  write_file_atomic(dir + "/rank-" + std::to_string(rank_) + ".json", out.dump());
+  barrier();
+  if (rank_ != 0) return;
+  nlohmann::json all = nlohmann::json::array();
+  for (int r = 0; r < world_; ++r) {
+    std::ifstream f(dir + "/rank-" + std::to_string(r) + ".json");
+    for (auto& e : nlohmann::json::parse(f)) all.push_back(std::move(e));
+  }
+  write_file_atomic(cfg_.run_dir + "/trace.json",
+                    nlohmann::json{{"traceEvents", all}, {"displayTimeUnit", "ms"}}.dump());
+  if (chatty())
+    std::printf("loom: timeline of %d rank(s) in %s/trace.json (chrome://tracing, Perfetto)\n",
+                world_, cfg_.run_dir.c_str());
+}
+
 float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop) {
   const int mb = static_cast<int>(cfg_.micro_batch), T = static_cast<int>(cfg_.seq_len);
   const size_t mbt = static_cast<size_t>(mb) * T;
-  loader_->batch(static_cast<uint64_t>(step), x_.data(), y_.data());
+  {
+    TraceSpan span("data", "data");
+    loader_->batch(static_cast<uint64_t>(step), x_.data(), y_.data());
+  }
   dp_->zero_grad();
   double loss_sum = 0;
   const float scale = 1.0f / static_cast<float>(cfg_.grad_accum);
@@ -210,17 +270,28 @@ float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop
     loss_sum = pipeline_->train_step(x_.data(), y_.data(), mb, T, scale, dp_.get());
   } else {
     for (int64_t a = 0; a < cfg_.grad_accum; ++a) {
-      loss_sum += dp_->forward(x_.data() + a * mbt, y_.data() + a * mbt, mb, T);
+      {
+        TraceSpan span("forward", "compute");
+        loss_sum += dp_->forward(x_.data() + a * mbt, y_.data() + a * mbt, mb, T);
+      }
+      TraceSpan span("backward", "compute");
       dp_->backward(scale, a + 1 == cfg_.grad_accum);
     }
   }
-  const double norm = dp_->finish_gradients();
+  double norm;
+  {
+    TraceSpan span("gradients", "compute");  // the last reductions and the norm
+    norm = dp_->finish_gradients();
+  }
   *grad_norm = norm;
   const float clip = cfg_.grad_clip > 0 && norm > cfg_.grad_clip
                          ? static_cast<float>(cfg_.grad_clip / norm)
                          : 1.0f;
   const auto optim_start = Clock::now();
-  dp_->optimizer_step(clip, lr, cfg_.adamw(), step + 1);
+  {
+    TraceSpan span("optimizer", "optimizer");
+    dp_->optimizer_step(clip, lr, cfg_.adamw(), step + 1);
+  }
   optim_s_ = std::chrono::duration<double>(Clock::now() - optim_start).count();
   // The mean loss over the data-parallel replicas (the last pipeline stage computes it, the
   // tensor-parallel ranks of a stage the same value, other stages report 0), and whether
@@ -514,6 +585,7 @@ int Trainer::run() {
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   started_ = Clock::now();
+  Trace::get().enable(cfg_.profile);
   const optim::LrSchedule schedule = cfg_.schedule(peak_lr_);
   int64_t saved_at = first_step_;
   dp_->reset_comm_wait();
@@ -522,11 +594,19 @@ int Trainer::run() {
     const double lr = schedule.at(step);
     double norm = 0;
     bool stop = false;
-    const float loss = train_step(step, lr, &norm, &stop);
+    float loss;
+    {
+      TraceSpan span("step " + std::to_string(step + 1), "step");
+      loss = train_step(step, lr, &norm, &stop);
+    }
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     log_step(step, loss, lr, norm, dt);
     if (cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) {
-      const double val = evaluate();
+      double val;
+      {
+        TraceSpan span("evaluation", "eval");
+        val = evaluate();
+      }
       if (rank_ == 0) {
         metrics_ << nlohmann::json{{"step", step + 1}, {"val_loss", val}}.dump() << "\n";
         metrics_.flush();
@@ -540,6 +620,7 @@ int Trainer::run() {
     if (tb_) tb_->flush();
     if (stop) {
       if (saved_at != step + 1) save(step + 1);
+      write_trace();
       if (rank_ == 0 || all_ranks_log_)
         std::printf(
             "loom: stopped by a signal after step %lld; checkpoint saved, continue with "
@@ -550,6 +631,7 @@ int Trainer::run() {
   }
   if (saved_at != cfg_.steps) save(cfg_.steps);
   if (tb_) tb_->flush();
+  write_trace();
   return 0;
 }
 

@@ -1,12 +1,20 @@
 #!/usr/bin/python3
-"""The flight recorder and the hang report, end to end (`loom run`).
+"""Seeing inside a run, end to end (`loom run`): the flight recorder's hang report and the
+timeline.
 
   hang_e2e.py LOOM WORKDIR watchdog  a 3-rank data-parallel job with LOOM_WATCHDOG_S=3: rank 2
                                      stopped with SIGSTOP -> within 3 + 5 s one report names
                                      rank 2 as behind, the operation the others wait in and
                                      that they wait for rank 2; SIGUSR1 to a rank of a healthy
                                      job prints its last operations and a report
+  observe_e2e.py LOOM WORKDIR timeline  train.profile on 2 ranks with ZeRO 3 and with pp 2:
+                                     trace.json is Chrome-trace JSON with both ranks, spans
+                                     on each track nest, every collective of each
+                                     communicator is there (sequence numbers without gaps)
+                                     with its bytes, steps hold the forward, backward and
+                                     optimizer spans, pipelines their F/BW actions
 """
+import json
 import os
 import re
 import shutil
@@ -16,7 +24,7 @@ import sys
 import threading
 import time
 
-from common import Trainer, fail, prepare_data, rank_pid, wait_for  # noqa: E402
+from common import Trainer, fail, prepare_data, rank_pid, run, wait_for  # noqa: E402
 
 LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -57,6 +65,65 @@ def start(name):
     job = Job(T.launch(3, d, "--set", "train.global_batch=6", steps=100000), env)
     wait_for(lambda: os.path.exists(os.path.join(d, "metrics.jsonl")), 120, "the first step")
     return job
+
+
+def check_trace(d, want_names):
+    """The checks of trace.json in run dir d; returns the events."""
+    with open(os.path.join(d, "trace.json")) as f:
+        events = json.load(f)["traceEvents"]  # well-formed JSON, or this raises
+    spans = [e for e in events if e["ph"] == "X"]
+    ranks = sorted({e["pid"] for e in spans})
+    if ranks != [0, 1]:
+        fail("trace.json should hold ranks 0 and 1, not %s" % ranks)
+    tracks = {}
+    for e in spans:
+        tracks.setdefault((e["pid"], e["tid"]), []).append(e)
+    for (pid, tid), evs in tracks.items():  # on one track a span ends before the next
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))  # starts or lies inside an open one
+        stack = []
+        for e in evs:
+            while stack and e["ts"] >= stack[-1]["ts"] + stack[-1]["dur"] - 0.01:
+                stack.pop()
+            if stack and e["ts"] + e["dur"] > stack[-1]["ts"] + stack[-1]["dur"] + 0.01:
+                fail("rank %d track %d: %s overlaps %s without nesting" %
+                     (pid, tid, e["name"], stack[-1]["name"]))
+            stack.append(e)
+    comm = [e for e in spans if e["cat"] == "comm"]
+    seqs = {}
+    for e in comm:
+        a = e["args"]
+        if a["bytes"] <= 0 and e["name"] not in ("barrier",):
+            fail("collective without bytes: %s" % e)
+        seqs.setdefault((e["pid"], a["comm"], e["name"] in ("send/recv",)), []).append(a["seq"])
+    for (pid, c, p2p), s in seqs.items():
+        if not p2p and sorted(s) != list(range(min(s), max(s) + 1)):
+            fail("rank %d '%s': sequence numbers with gaps: %s" % (pid, c, sorted(s)))
+    names = {e["name"] for e in spans}
+    for n in want_names:
+        if n not in names:
+            fail("trace.json has no %r span (it has %s)" % (n, sorted(names)))
+    for step in (e for e in spans if e["cat"] == "step"):
+        inside = [e["name"] for e in spans if e["pid"] == step["pid"] and e["tid"] == step["tid"]
+                  and step["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step["ts"] + step["dur"]]
+        if "optimizer" not in inside:
+            fail("%s of rank %d holds no optimizer span" % (step["name"], step["pid"]))
+    return spans
+
+
+def timeline():
+    d = os.path.join(WORK, "trace_zero3")
+    shutil.rmtree(d, ignore_errors=True)
+    run(T.launch(2, d, "--set", "train.profile=true", "--set", "train.zero=3", steps=3))
+    spans = check_trace(d, ["step 1", "step 3", "data", "forward", "backward", "optimizer",
+                            "allgather", "reduce_scatter", "checkpoint"])
+    n = sum(1 for e in spans if e["cat"] == "comm")
+    print("ok  ZeRO-3 on 2 ranks: %d spans, %d collectives with bytes, nested, no gaps" %
+          (len(spans), n))
+    d = os.path.join(WORK, "trace_pp")
+    shutil.rmtree(d, ignore_errors=True)
+    run(T.launch(2, d, "--set", "train.profile=true", "--set", "train.pp=2", steps=3))
+    spans = check_trace(d, ["F 0", "BW 3", "send/recv", "optimizer"])
+    print("ok  pp 2: %d spans, pipeline actions and their sends" % len(spans))
 
 
 def watchdog():
@@ -101,4 +168,4 @@ def watchdog():
 
 
 T = Trainer(LOOM, prepare_data(LOOM, WORK))
-{"watchdog": watchdog}[MODE]()
+{"watchdog": watchdog, "timeline": timeline}[MODE]()
