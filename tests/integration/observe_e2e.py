@@ -12,7 +12,8 @@ timeline.
                                      on each track nest, every collective of each
                                      communicator is there (sequence numbers without gaps)
                                      with its bytes, steps hold the forward, backward and
-                                     optimizer spans, pipelines their F/BW actions
+                                     optimizer spans, pipelines their F/BW actions;
+                                     system.jsonl samples and the trace's counters
 """
 import json
 import os
@@ -113,12 +114,30 @@ def check_trace(d, want_names):
 def timeline():
     d = os.path.join(WORK, "trace_zero3")
     shutil.rmtree(d, ignore_errors=True)
-    run(T.launch(2, d, "--set", "train.profile=true", "--set", "train.zero=3", steps=3))
+    run(T.launch(2, d, "--set", "train.profile=true", "--set", "train.zero=3", "--set",
+                 "train.system_sample_s=0.1", steps=3))
     spans = check_trace(d, ["step 1", "step 3", "data", "forward", "backward", "optimizer",
                             "allgather", "reduce_scatter", "checkpoint"])
     n = sum(1 for e in spans if e["cat"] == "comm")
     print("ok  ZeRO-3 on 2 ranks: %d spans, %d collectives with bytes, nested, no gaps" %
           (len(spans), n))
+    # System sampling (every 0.1 s here): system.jsonl and the trace's counter track.
+    with open(os.path.join(d, "system.jsonl")) as f:
+        samples = [json.loads(line) for line in f]
+    if len(samples) < 2:
+        fail("system.jsonl should hold samples, not %d" % len(samples))
+    for s in samples:
+        if len(s["cpu_busy"]) != os.cpu_count() or not all(0 <= b <= 1 for b in s["cpu_busy"]):
+            fail("per-core busy shares should be %d values in [0, 1]: %s" % (os.cpu_count(), s))
+        if s["rss_mb"] <= 0 or "lo" not in s["net_mbps"] or s["ctxt_per_s"] <= 0:
+            fail("a sample without RSS, loopback traffic or context switches: %s" % s)
+    with open(os.path.join(d, "trace.json")) as f:
+        counters = [e for e in json.load(f)["traceEvents"] if e["ph"] == "C"]
+    if len(counters) != len(samples):
+        fail("the trace should hold a counter event per sample: %d vs %d" %
+             (len(counters), len(samples)))
+    print("ok  system.jsonl: %d samples (cores busy %.2f on average), as counters in the trace" %
+          (len(samples), sum(sum(s["cpu_busy"]) for s in samples) / len(samples)))
     d = os.path.join(WORK, "trace_pp")
     shutil.rmtree(d, ignore_errors=True)
     run(T.launch(2, d, "--set", "train.profile=true", "--set", "train.pp=2", steps=3))

@@ -14,7 +14,7 @@
 #include "loom/comm/store/store.h"
 #include "loom/core/deadline.h"
 #include "loom/core/log.h"
-#include "loom/core/trace.h"
+#include "loom/profile/trace.h"
 #include "loom/core/tunable.h"
 
 namespace loom::comm {

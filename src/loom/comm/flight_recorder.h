@@ -62,7 +62,7 @@ class FlightRecorder {
   // One line per entry: "#seq op on 'comm': state for 1.2 s, waiting for ranks 2".
   static std::string describe(const FlightEntry& e, double now);
   // The timeline's track (thread id) of each communicator that finished an operation while
-  // tracing was on (loom/core/trace.h).
+  // tracing was on (loom/profile/trace.h).
   std::map<std::string, int> tracks() const;
 
  private:

@@ -6,7 +6,7 @@
 
 #include "loom/core/check.h"
 #include "loom/core/error.h"
-#include "loom/core/trace.h"
+#include "loom/profile/trace.h"
 
 namespace loom::parallel {
 using loom::DType;

@@ -71,6 +71,11 @@ std::vector<Field> fields_of(TrainConfig& c) {
       {"train.placement", &c.placement, [&] { return std::string(); }},  // checked by the mesh
       {"train.offload_activations", &c.offload_activations, [] { return std::string(); }},
       {"train.profile", &c.profile, [] { return std::string(); }},
+      {"train.system_sample_s", &c.system_sample_s,
+       [&] {
+         return c.system_sample_s < 0 ? std::string("must be 0 (off) or a period in seconds")
+                                      : std::string();
+       }},
       {"train.activation_loading_horizon", &c.activation_loading_horizon,
        [&] { return at_least(c.activation_loading_horizon, 1); }},
       {"train.offload_dir", &c.offload_dir, [] { return std::string(); }},

@@ -40,6 +40,7 @@ struct TrainConfig {
   std::string placement = "cluster";  // cluster (= DPT) | spread (= TPD) | an order of D, P, T
   bool offload_activations = false;   // pipelines: spill waiting microbatches to disk
   bool profile = false;               // the timeline: run.dir/trace.json
+  double system_sample_s = 0.5;       // rank 0 samples the system into system.jsonl; 0: off
   int64_t activation_loading_horizon = 4;  // read them back this many actions ahead
   std::string offload_dir;                 // the spill files' folder; "": run.dir/spill
   // [tp]

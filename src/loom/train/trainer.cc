@@ -19,7 +19,6 @@
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/core/state_memory.h"
-#include "loom/core/trace.h"
 #include "loom/data/loader.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/model/gpt.h"
@@ -29,6 +28,8 @@
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/process_groups.h"
 #include "loom/parallel/tensor_parallel.h"
+#include "loom/profile/system_sampler.h"
+#include "loom/profile/trace.h"
 #include "loom/train/tensorboard.h"
 
 namespace loom::train {
@@ -122,7 +123,9 @@ class Trainer {
   double peak_gflops_ = 0;  // all ranks together
   double peak_lr_ = 0;
   Clock::time_point started_;
-  double optim_s_ = 0;  // the last optimizer step (with ZeRO's gathers and any offload)
+  double optim_s_ = 0;
+  std::unique_ptr<profile::SystemSampler> sampler_;  // rank 0: system.jsonl  // the last optimizer
+                                                     // step (with ZeRO's gathers and any offload)
   int64_t first_step_ = 0;
 };
 
@@ -234,8 +237,13 @@ void Trainer::write_trace() {
                    {"tid", tid},
                    {"args", {{"name", "comm " + comm}}}});
   for (const auto& e : events) {
-    nlohmann::json j = {{"ph", "X"},    {"name", e.name}, {"cat", e.cat},   {"pid", rank_},
-                        {"tid", e.tid}, {"ts", e.ts_us},  {"dur", e.dur_us}};
+    nlohmann::json j = {{"ph", std::string(1, e.ph)},
+                        {"name", e.name},
+                        {"cat", e.cat},
+                        {"pid", rank_},
+                        {"tid", e.tid},
+                        {"ts", e.ts_us}};
+    if (e.ph == 'X') j["dur"] = e.dur_us;
     if (!e.args.empty()) j["args"] = nlohmann::json::parse(e.args);
     out.push_back(std::move(j));
   }
@@ -419,6 +427,18 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
     scalars.push_back({"memory/state_peak_mb/rank" + std::to_string(q), state_mb[q]});
     scalars.push_back({"memory/rss_peak_mb/rank" + std::to_string(q), rss_mb[q]});
   }
+  if (sampler_ && sampler_->samples() > 0) {  // the system's latest sample
+    const profile::SystemSample s = sampler_->latest();
+    double busy = 0;
+    for (double b : s.cpu_busy) busy += b;
+    scalars.push_back({"system/cpu_busy_cores", busy});
+    scalars.push_back({"system/rss_mb_rank0", s.rss_mb});
+    scalars.push_back({"system/disk_read_mbps", s.disk_read_mbps});
+    scalars.push_back({"system/disk_write_mbps", s.disk_write_mbps});
+    scalars.push_back({"system/ctxt_per_s", s.ctxt_per_s});
+    for (const auto& [dev, rt] : s.net_mbps)
+      scalars.push_back({"system/net_mbps/" + dev, rt.first + rt.second});
+  }
   tb_->scalars(step + 1, scalars);
   if (!opt_.quiet && ((step + 1) % cfg_.log_every == 0 || step + 1 == cfg_.steps)) {
     const double elapsed = std::chrono::duration<double>(Clock::now() - started_).count();
@@ -551,6 +571,9 @@ int Trainer::run() {
       throw UserError("cannot append to " + cfg_.run_dir + "/metrics.jsonl",
                       "check that run.dir is writable");
     tb_ = std::make_unique<TensorBoardWriter>(cfg_.run_dir);
+    if (cfg_.system_sample_s > 0)
+      sampler_ = std::make_unique<profile::SystemSampler>(cfg_.run_dir + "/system.jsonl",
+                                                          cfg_.system_sample_s);
   }
   const double my_peak =
       cfg_.peak_gflops > 0 ? cfg_.peak_gflops : kernels::cpu::measure_peak_gflops(precision);

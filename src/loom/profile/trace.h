@@ -27,6 +27,7 @@ class Trace {
     double ts_us, dur_us;
     int tid;
     std::string args;  // a JSON object, or empty
+    char ph = 'X';     // 'X' a complete span, 'C' a counter sample (args: its values)
   };
 
   static Trace& get();
@@ -40,6 +41,7 @@ class Trace {
   void enable(bool on) { enabled_ = on; }
   void add(std::string name, const char* cat, double t0_us, double t1_us, int tid,
            std::string args = "");
+  void add_counter(std::string name, double t_us, std::string args);
   std::vector<Event> take();  // the events so far, oldest first; the buffer empties
 
  private:
