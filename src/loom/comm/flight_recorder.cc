@@ -14,8 +14,8 @@
 #include "loom/comm/store/store.h"
 #include "loom/core/deadline.h"
 #include "loom/core/log.h"
-#include "loom/profile/trace.h"
 #include "loom/core/tunable.h"
+#include "loom/profile/trace.h"
 
 namespace loom::comm {
 namespace {
