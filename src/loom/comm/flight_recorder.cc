@@ -4,8 +4,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -61,14 +63,26 @@ class Watchdog {
     sa.sa_flags = SA_RESTART;
     ::sigaction(SIGUSR1, &sa, nullptr);
     thread_ = std::thread([this] { loop(); });
-    thread_.detach();  // lives as long as the process; never joined at exit
+  }
+
+  // Joined at exit (an atexit handler, before the statics it uses are destroyed).
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
   }
 
  private:
   void loop() {
     try {
       for (;;) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        {
+          std::unique_lock<std::mutex> lock(mu_);
+          if (cv_.wait_for(lock, std::chrono::milliseconds(250), [&] { return stop_; })) return;
+        }
         tick();
       }
     } catch (const std::exception& e) {
@@ -194,6 +208,9 @@ class Watchdog {
   std::string cause_;
   bool raised_ = false, posted_ = false, reporter_ = false, reported_ = false;
   double asked_at_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
   std::thread thread_;
 };
 
@@ -327,7 +344,11 @@ std::string FlightRecorder::describe(const FlightEntry& e, double now) {
 
 void start_watchdog(std::unique_ptr<Store> store, int rank, int size) {
   static std::once_flag once;
-  std::call_once(once, [&] { new Watchdog(std::move(store), rank, size); });
+  static Watchdog* watchdog = nullptr;  // never destroyed; its thread is joined at exit
+  std::call_once(once, [&] {
+    watchdog = new Watchdog(std::move(store), rank, size);
+    std::atexit([] { watchdog->stop(); });
+  });
 }
 
 }  // namespace loom::comm
