@@ -227,6 +227,55 @@ TEST(PipelineStages, BalancedSplitsAreOptimalAndContiguous) {
   EXPECT_EQ(r, (std::vector<UnitRange>{{0, 2}, {3, 6}}));
 }
 
+// The largest per-stage sum of a cut into P x V pieces (stage s runs pieces s, s + P, ...).
+double worst_stage(const std::vector<double>& c, const std::vector<UnitRange>& cut, int P) {
+  std::vector<double> sum(P, 0);
+  for (size_t k = 0; k < cut.size(); ++k)
+    for (int u = cut[k].first; u <= cut[k].last; ++u) sum[k % P] += c[u];
+  return *std::max_element(sum.begin(), sum.end());
+}
+
+// The interleaved cut balances each stage's sum of chunks: V = 1 is the linear partition,
+// never worse than balancing pieces, and on `small`'s shape (a head worth ~10 blocks) the
+// optimum found by trying every cut.
+TEST(PipelineStages, InterleavedCutsBalanceStageSums) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 4 + static_cast<int>(rng() % 12), P = 1 + static_cast<int>(rng() % 3);
+    const int V = 1 + static_cast<int>(rng() % 3);
+    if (n < P * V) continue;
+    std::vector<double> c(n);
+    for (double& x : c) x = 1 + static_cast<double>(rng() % 20);
+    const auto pieces = balance_units(c, P * V), stages = balance_stages(c, P, V);
+    ASSERT_EQ(stages.size(), static_cast<size_t>(P * V));
+    for (size_t k = 0; k < stages.size(); ++k) {  // consecutive, non-empty, covering
+      EXPECT_EQ(stages[k].first, k == 0 ? 0 : stages[k - 1].last + 1);
+      EXPECT_GE(stages[k].count(), 1);
+    }
+    EXPECT_EQ(stages.back().last, n - 1);
+    if (V == 1) {
+      EXPECT_EQ(stages, pieces);
+    }
+    EXPECT_LE(worst_stage(c, stages, P), worst_stage(c, pieces, P) + 1e-9);
+  }
+  // Against every cut of 8 units into 4 pieces: `small`'s shape (a head worth ~10 blocks,
+  // where balancing pieces happens to be optimal too) and one where it is not.
+  auto optimum = [](const std::vector<double>& c) {
+    double best = 1e300;
+    for (int a = 1; a < 8; ++a)
+      for (int b = a + 1; b < 8; ++b)
+        for (int d = b + 1; d < 8; ++d)
+          best = std::min(best, worst_stage(c, {{0, a - 1}, {a, b - 1}, {b, d - 1}, {d, 7}}, 2));
+    return best;
+  };
+  const std::vector<double> small = gpt_unit_costs(6, 384, 50257, 256);
+  EXPECT_DOUBLE_EQ(worst_stage(small, balance_stages(small, 2, 2), 2), optimum(small));
+  const std::vector<double> uneven = {1, 4, 4, 1, 8, 1, 1, 8};
+  EXPECT_DOUBLE_EQ(worst_stage(uneven, balance_stages(uneven, 2, 2), 2), optimum(uneven));
+  EXPECT_DOUBLE_EQ(optimum(uneven), 14);
+  EXPECT_GT(worst_stage(uneven, balance_units(uneven, 4), 2), 14);
+}
+
 TEST(PipelineStages, GptCostsSplitsAndNames) {
   // gpt2-124m at T 1024: the tied head (6 V C) costs ~4.5 blocks, so the last stage of 2
   // gets fewer blocks.

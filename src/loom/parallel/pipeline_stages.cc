@@ -41,6 +41,42 @@ std::vector<UnitRange> balance_units(const std::vector<double>& costs, int piece
   return out;
 }
 
+std::vector<UnitRange> balance_stages(const std::vector<double>& costs, int P, int V) {
+  std::vector<UnitRange> cut = balance_units(costs, P * V);
+  if (V == 1) return cut;
+  const int S = P * V, n = static_cast<int>(costs.size());
+  std::vector<double> prefix(n + 1, 0);
+  for (int u = 0; u < n; ++u) prefix[u + 1] = prefix[u] + costs[u];
+  // starts[k]: the first unit of piece k (starts[0] = 0); piece k ends before starts[k + 1].
+  std::vector<int> starts(S + 1);
+  for (int k = 0; k < S; ++k) starts[k] = cut[k].first;
+  starts[S] = n;
+  auto score = [&](const std::vector<int>& b) {
+    std::vector<double> sum(P, 0);
+    for (int k = 0; k < S; ++k) sum[k % P] += prefix[b[k + 1]] - prefix[b[k]];
+    double worst = 0, squares = 0;
+    for (double x : sum) worst = std::max(worst, x), squares += x * x;
+    return std::pair{worst, squares};
+  };
+  auto best = score(starts);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int k = 1; k < S; ++k)
+      for (int d : {-1, 1}) {
+        std::vector<int> b = starts;
+        b[k] += d;
+        if (b[k] <= b[k - 1] || b[k] >= b[k + 1]) continue;  // pieces stay non-empty
+        const auto s = score(b);
+        if (s.first < best.first - 1e-9 ||
+            (s.first < best.first + 1e-9 && s.second < best.second - 1e-9)) {
+          starts = b, best = s, moved = true;
+        }
+      }
+  }
+  for (int k = 0; k < S; ++k) cut[k] = {starts[k], starts[k + 1] - 1};
+  return cut;
+}
+
 std::vector<UnitRange> split_units(const std::vector<int>& counts, int units, int pieces) {
   int sum = 0;
   for (int c : counts) sum += c;

@@ -22,6 +22,13 @@ struct UnitRange {
 // than pieces.
 std::vector<UnitRange> balance_units(const std::vector<double>& costs, int pieces);
 
+// The interleaved schedule's cut: P x V pieces whose largest per-stage sum (stage s runs
+// pieces s, s + P, ...) is small, not the largest piece — a stage's chunks run one after
+// another, so its sum is what the pipeline waits for. From balance_units' cut, boundaries
+// move one unit at a time while that lowers the largest stage sum (then the spread of the
+// sums): a local optimum, never worse than balance_units'. V = 1 is balance_units.
+std::vector<UnitRange> balance_stages(const std::vector<double>& costs, int P, int V);
+
 // `counts` (pp.split: units per piece, in order) as ranges; UserError when they do not add
 // up to the unit count, one is < 1, or there are not `pieces` of them.
 std::vector<UnitRange> split_units(const std::vector<int>& counts, int units, int pieces);

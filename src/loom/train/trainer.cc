@@ -485,10 +485,10 @@ void Trainer::plan_layout() {
                             static_cast<int>(cfg_.pp_active_microbatches));  // checks M, V, A
     const int units = model_cfg_.n_layer + 2;
     if (cfg_.pp_split.empty()) {
-      pieces_ = parallel::balance_units(
+      pieces_ = parallel::balance_stages(
           parallel::gpt_unit_costs(model_cfg_.n_layer, model_cfg_.n_embd, model_cfg_.vocab_size,
                                    static_cast<int>(cfg_.seq_len)),
-          P * V);
+          P, V);
     } else {
       pieces_ = parallel::split_units({cfg_.pp_split.begin(), cfg_.pp_split.end()}, units, P * V);
     }
