@@ -12,6 +12,7 @@
 #include <string>
 
 #include "loom/core/io_thread.h"
+#include "loom/core/scratch_file.h"
 
 namespace loom::optim {
 
@@ -29,15 +30,14 @@ class MomentFile {
   void read(size_t offset, void* out, size_t bytes) const;
   void write(size_t offset, const void* in, size_t bytes) const;
   IoThread& io() { return *io_; }
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_.path(); }
   // Bytes moved since the last reset (optimizer steps and checkpoints).
   double bytes_read() const { return read_.load(); }
   double bytes_written() const { return written_.load(); }
   void reset_counters() { read_ = 0, written_ = 0; }
 
  private:
-  std::string path_;
-  int fd_ = -1;
+  ScratchFile file_;
   size_t end_ = 0;
   mutable std::atomic<double> read_{0}, written_{0};  // the I/O thread adds too
   std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();

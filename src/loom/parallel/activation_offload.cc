@@ -1,54 +1,26 @@
 #include "loom/parallel/activation_offload.h"
 
-#include <fcntl.h>
 #include <malloc.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <filesystem>
 
 #include "loom/core/check.h"
 #include "loom/core/error.h"
 
 namespace loom::parallel {
 
-namespace {
-void io_all(bool write, int fd, void* p, size_t n, size_t offset, const std::string& path) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    const ssize_t k = write ? ::pwrite(fd, c, n, static_cast<off_t>(offset))
-                            : ::pread(fd, c, n, static_cast<off_t>(offset));
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0)
-      throw Error(std::string("activation offload: cannot ") + (write ? "write" : "read") + " " +
-                  path + ": " + (k < 0 ? std::strerror(errno) : "short read"));
-    c += k, n -= static_cast<size_t>(k), offset += static_cast<size_t>(k);
-  }
-}
-}  // namespace
-
-ActivationOffload::ActivationOffload(const std::string& dir, int rank) {
+ActivationOffload::ActivationOffload(const std::string& dir, int rank)
+    : file_(dir, "activations-rank" + std::to_string(rank) + ".spill", "activation spill file",
+            "point train.offload_dir at a writable folder with free space (default: "
+            "run.dir/spill), or set train.offload_activations = false") {
   // Buffers freed here must leave the process, not glibc's heap: a fixed threshold turns off
   // its growing one (up to 32 MiB), so every buffer of 256 KiB or more is its own mapping
   // and free() unmaps it (measured: without this, offload raised gpipe's peak RSS).
   ::mallopt(M_MMAP_THRESHOLD, 256 * 1024);
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  path_ = dir + "/activations-rank" + std::to_string(rank) + ".spill";
-  if (!ec) fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
-  if (ec || fd_ < 0)
-    throw UserError("cannot create the activation spill file " + path_ + ": " +
-                        (ec ? ec.message() : std::strerror(errno)),
-                    "point train.offload_dir at a writable folder with free space (default: "
-                    "run.dir/spill), or set train.offload_activations = false");
 }
 
 ActivationOffload::~ActivationOffload() {
-  io_.reset();  // finishes the queued reads and writes
-  ::close(fd_);
-  ::unlink(path_.c_str());
+  io_.reset();  // finishes the queued reads and writes before the file goes
 }
 
 void ActivationOffload::offload(int key, model::Activations& a, const float* keep) {
@@ -71,7 +43,7 @@ void ActivationOffload::offload(int key, model::Activations& a, const float* kee
   s.writing = io_->submit([this, bufs, &s] {
     for (size_t i = 0, at = s.offset; i < bufs.size(); at += s.sizes[i] * sizeof(float), ++i) {
       if (i + 1 == s.kept) continue;
-      io_all(true, fd_, bufs[i]->data(), s.sizes[i] * sizeof(float), at, path_);
+      file_.write(at, bufs[i]->data(), s.sizes[i] * sizeof(float));
       recycle(std::move(*bufs[i]));
       bufs[i]->clear();
       *s.resident -= s.sizes[i] * sizeof(float);
@@ -86,10 +58,9 @@ void ActivationOffload::offload(int key, model::Activations& a, const float* kee
 // VM), about what the disk costs. At most one microbatch's worth (the largest slot) waits;
 // the rest is freed. Both run on the I/O thread.
 void ActivationOffload::recycle(std::vector<float>&& b) {
-  size_t held = 0;
-  for (const auto& f : spare_) held += f.capacity() * sizeof(float);
-  if (held + b.capacity() * sizeof(float) <= spare_cap_.load()) {
-    spare_bytes_ = held + b.capacity() * sizeof(float);
+  const size_t bytes = b.capacity() * sizeof(float);
+  if (spare_bytes_.load() + bytes <= spare_cap_.load()) {
+    spare_bytes_ += bytes;
     spare_.push_back(std::move(b));
   }
   std::vector<float>().swap(b);
@@ -139,7 +110,7 @@ void ActivationOffload::prefetch(int key, model::Activations& a) {
       if (i + 1 == s.kept) continue;
       reuse(*bufs[i], s.sizes[i]);
       *s.resident += s.sizes[i] * sizeof(float);
-      io_all(false, fd_, bufs[i]->data(), s.sizes[i] * sizeof(float), at, path_);
+      file_.read(at, bufs[i]->data(), s.sizes[i] * sizeof(float));
     }
   });
 }

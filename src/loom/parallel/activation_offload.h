@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "loom/core/io_thread.h"
+#include "loom/core/scratch_file.h"
 #include "loom/model/gpt.h"
 
 namespace loom::parallel {
@@ -47,7 +48,7 @@ class ActivationOffload {
   // Written-out buffers kept for the next read-back (at most one microbatch's worth).
   size_t spare_bytes() const { return spare_bytes_.load(); }
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_.path(); }
   double bytes_written() const { return written_; }
   double bytes_read() const { return read_; }
   double wait_s() const { return wait_s_; }  // time fetch() blocked
@@ -66,8 +67,7 @@ class ActivationOffload {
   void recycle(std::vector<float>&& b);         // I/O thread: a written buffer, kept or freed
   void reuse(std::vector<float>& b, size_t n);  // I/O thread: b sized n, from a spare if one fits
 
-  std::string path_;
-  int fd_ = -1;
+  ScratchFile file_;
   std::vector<std::vector<float>> spare_;  // written-out buffers for the next read-back
   std::atomic<size_t> spare_cap_{0};       // their most bytes: the largest microbatch
   std::atomic<size_t> spare_bytes_{0};
@@ -76,7 +76,7 @@ class ActivationOffload {
   std::map<int, bool> state_;  // keys whose buffers are out (true: a read was started)
   std::deque<std::shared_future<void>> backlog_;  // writes, oldest first
   double written_ = 0, read_ = 0, wait_s_ = 0;
-  std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();  // joined before fd_ closes
+  std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();  // joined before file_ goes
 };
 
 }  // namespace loom::parallel
