@@ -25,9 +25,8 @@ std::string error_of(ScheduleKind k, int P, int M, int V, int A = 0) {
 std::string render(const StageActions& a) {
   std::string s;
   for (const PipelineAction& x : a) {
-    const char* pass[] = {"F", "BW", "B", "W"};
-    s += (s.empty() ? "" : " ") + std::string(pass[static_cast<int>(x.pass)]) +
-         std::to_string(x.microbatch) + (x.chunk ? "." + std::to_string(x.chunk) : "");
+    s += (s.empty() ? "" : " ") + std::string(pass_name(x.pass)) + std::to_string(x.microbatch) +
+         (x.chunk ? "." + std::to_string(x.chunk) : "");
   }
   return s;
 }

@@ -176,17 +176,18 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
   for (size_t i = 0; i < list.size(); ++i) {
     const PipelineAction& x = list[i];
     const int v = x.chunk * P_ + stage_, key = x.microbatch * V_ + x.chunk;
-    if (offload_) sweep_retiring();
-    if (offload_)  // bring back what the next `horizon_` backwards need
+    if (offload_) {
+      sweep_retiring();
+      // Bring back what the next `horizon_` backwards need.
       for (size_t j = i + 1; j < list.size() && j <= i + horizon_; ++j)
         if (list[j].pass == Pass::kB || list[j].pass == Pass::kBW)
           if (auto& held = acts_[list[j].microbatch][list[j].chunk])
             offload_->prefetch(list[j].microbatch * V_ + list[j].chunk, *held);
-    const char* pass_names[] = {"F", "BW", "B", "W"};
-    TraceSpan span{Trace::on() ? std::string(pass_names[static_cast<int>(x.pass)]) + " " +
-                                     std::to_string(x.microbatch) +
-                                     (V_ > 1 ? "." + std::to_string(x.chunk) : "")
-                               : std::string(),
+    }
+    TraceSpan span{Trace::on()
+                       ? std::string(pass_name(x.pass)) + " " + std::to_string(x.microbatch) +
+                             (V_ > 1 ? "." + std::to_string(x.chunk) : "")
+                       : std::string(),
                    "pipeline"};
     if (x.pass == Pass::kF) {
       loss += forward_action(x.microbatch, x.chunk, tokens, targets, B, T, hooks);

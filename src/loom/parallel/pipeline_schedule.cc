@@ -115,6 +115,11 @@ std::vector<StageActions> zero_bubble_h1(int P, int M, int A) {
 
 }  // namespace
 
+const char* pass_name(Pass p) {
+  const char* names[] = {"F", "BW", "B", "W"};
+  return names[static_cast<int>(p)];
+}
+
 ScheduleKind schedule_kind(const std::string& name) {
   if (name == "gpipe") return ScheduleKind::kGPipe;
   if (name == "1f1b") return ScheduleKind::kOneFOneB;
@@ -178,8 +183,7 @@ std::string validate_schedule(const std::vector<StageActions>& s, int P, int M, 
     return "the schedule has " + std::to_string(s.size()) + " stages, expected " +
            std::to_string(P);
   auto name = [](int p, const PipelineAction& a) {
-    const char* pass[] = {"F", "BW", "B", "W"};
-    return "stage " + std::to_string(p) + " " + pass[static_cast<int>(a.pass)] + "(microbatch " +
+    return "stage " + std::to_string(p) + " " + pass_name(a.pass) + "(microbatch " +
            std::to_string(a.microbatch) + ", chunk " + std::to_string(a.chunk) + ")";
   };
   for (int p = 0; p < P; ++p) {

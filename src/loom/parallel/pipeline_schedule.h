@@ -42,6 +42,7 @@
 namespace loom::parallel {
 
 enum class Pass { kF, kBW, kB, kW };
+const char* pass_name(Pass p);  // "F", "BW", "B", "W"
 
 struct PipelineAction {
   int microbatch = 0;
