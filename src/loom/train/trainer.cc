@@ -212,6 +212,7 @@ void Trainer::save(int64_t next_step) {
 // recorded (several machines need an offset per rank: not built yet).
 void Trainer::write_trace() {
   if (!cfg_.profile) return;
+  sampler_.reset();  // its last sample is in system.jsonl and the trace both, or in neither
   Trace::get().enable(false);
   const auto events = Trace::get().take();
   nlohmann::json out = nlohmann::json::array();
