@@ -14,6 +14,7 @@ pkgs=(
   bible-kjv bible-kjv-text          # a small public-domain corpus (README's main job, tests)
   python3-torch                     # PyTorch 1.13: the reference the model is tested against
   libtorch-dev pybind11-dev python3-dev python3-pytest   # loom_torch (torch.distributed backend)
+  chromium                          # headless: the `loom report` page test (tests/integration/report_e2e.py)
 )
 missing=()
 for p in "${pkgs[@]}"; do

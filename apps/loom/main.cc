@@ -6,6 +6,7 @@
 #include "bench.h"
 #include "loom/core/error.h"
 #include "prep.h"
+#include "report.h"
 #include "run.h"
 #include "tokenize.h"
 #include "train.h"
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   auto train = loom::apps::add_train_command(app);
   auto sample = loom::apps::add_sample_command(app);
   auto run = loom::apps::add_run_command(app);
+  auto report = loom::apps::add_report_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -31,6 +33,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("train")) return train();
     if (app.got_subcommand("sample")) return sample();
     if (app.got_subcommand("run")) return run();
+    if (app.got_subcommand("report")) return report();
   } catch (const loom::UserError& e) {
     std::fprintf(stderr, "loom: error: %s\nhint: %s\n", e.what(), e.hint().c_str());
     return 2;

@@ -14,6 +14,11 @@ timeline.
                                      with its bytes, steps hold the forward, backward and
                                      optimizer spans, pipelines their F/BW actions;
                                      system.jsonl samples and the trace's counters
+  observe_e2e.py LOOM WORKDIR report  `loom report` of a 2-rank tensor-parallel run with the
+                                     timeline on, opened in headless Chromium: no console
+                                     errors, every chart drew data, the summary's numbers
+                                     equal metrics.jsonl's, the screenshot is not blank; bad
+                                     input fails with one line and exit 2
 """
 import json
 import os
@@ -25,7 +30,7 @@ import sys
 import threading
 import time
 
-from common import Trainer, fail, prepare_data, rank_pid, run, wait_for  # noqa: E402
+from common import Trainer, fail, metrics, prepare_data, rank_pid, run, wait_for  # noqa: E402
 
 LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -187,4 +192,85 @@ def watchdog():
 
 
 T = Trainer(LOOM, prepare_data(LOOM, WORK))
-{"watchdog": watchdog, "timeline": timeline}[MODE]()
+def report():
+    from chromium import Browser, png_pixels
+    d = os.path.join(WORK, "report_tp2")
+    shutil.rmtree(d, ignore_errors=True)
+    run(T.launch(2, d, "--set", "train.profile=true", "--set", "train.tp=2", "--set",
+                 "train.system_sample_s=0.2", "--set", "eval.every=4", "--set", "eval.batches=2",
+                 steps=8))
+    out = run([LOOM, "report", d, "--step", "6"]).stdout
+    page = os.path.join(d, "report.html")
+    if page not in out or not os.path.exists(page):
+        fail("loom report should write %s: %s" % (page, out))
+    with open(page) as f:
+        html = f.read()
+    if re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html):
+        fail("the page refers to something outside itself")
+    rows = [m for m in metrics(d) if "loss" in m]
+    vals = [m["val_loss"] for m in metrics(d) if "val_loss" in m]
+
+    def median(v):
+        v = sorted(v)
+        return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+    share = [sum(r["exposed_comm_ms"]) / len(r["exposed_comm_ms"]) / r["step_ms"] for r in rows]
+    want = {"steps": (rows[-1]["step"], 0), "ranks": (2, 0),
+            "final_loss": (rows[-1]["loss"], 1e-4), "best_val_loss": (min(vals), 1e-4),
+            "median_step_ms": (median([r["step_ms"] for r in rows]), 0.1),
+            "median_tokens_per_s": (median([r["tokens_per_s"] for r in rows]), 1),
+            "median_mfu_pct": (median([100 * r["mfu"] for r in rows]), 0.01),
+            "median_exposed_comm_pct": (100 * median(share), 0.1),
+            "peak_state_mb": (max(max(r["state_peak_mb"]) for r in rows), 0.1),
+            "peak_rss_mb": (max(max(r["rss_peak_mb"]) for r in rows), 0.1)}
+    b = Browser()
+    try:
+        b.open(page)
+        errors = b.errors()
+        shown = b.eval("Object.fromEntries([...document.querySelectorAll('#summary tr')]"
+                       ".map(r => [r.dataset.key, r.querySelector('td').textContent]))")
+        charts = b.eval("[...document.querySelectorAll('figure.chart')]"
+                        ".map(f => [f.id, Number(f.dataset.points || -1), "
+                        "f.querySelectorAll('svg path, svg rect').length])")
+        caption = b.eval("document.querySelector('#chart-timeline figcaption').textContent")
+        png = b.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
+                                                "clip": {"x": 0, "y": 0, "width": 1280,
+                                                         "height": 2400, "scale": 0.25}})["data"]
+    finally:
+        b.close()
+    if errors:
+        fail("the page logged errors:\n  " + "\n  ".join(errors))
+    for key, (value, tol) in want.items():
+        got = float(shown[key])
+        if abs(got - value) > tol + 1e-9:
+            fail("summary %s shows %s, metrics.jsonl gives %s" % (key, shown[key], value))
+    print("ok  summary: %d numbers equal metrics.jsonl's (%s)" %
+          (len(want), ", ".join("%s %s" % kv for kv in sorted(shown.items()))))
+    if len(charts) != 11:
+        fail("expected 11 charts, the page has %s" % charts)
+    for cid, points, shapes in charts:
+        if points <= 0 or shapes == 0:
+            fail("chart %s has no data (%d points, %d shapes)" % (cid, points, shapes))
+    if "step 6" not in caption:
+        fail("the timeline should show step 6 (--step 6): %r" % caption)
+    print("ok  %d charts drew data: %s" % (len(charts), ", ".join("%s %d" % (c, p) for c, p, _ in charts)))
+    import base64
+    w, h, ch, px = png_pixels(base64.b64decode(png))
+    colours = set()
+    for row in px[::4]:
+        for i in range(0, len(row), ch * 4):
+            colours.add(row[i:i + 3])
+    if len(colours) < 8:
+        fail("the screenshot (%dx%d) is blank: %d colours" % (w, h, len(colours)))
+    print("ok  no console errors; screenshot %dx%d with %d colours" % (w, h, len(colours)))
+    # Bad input: one line, exit 2, nothing written.
+    for args, words in ((["/nonexistent/run"], "is not a folder"),
+                        ([WORK], "no " + WORK + "/metrics.jsonl"),
+                        ([d, "--step", "99"], "the trace has no step 99")):
+        p = run([LOOM, "report"] + args, expect_rc=2)
+        if words not in p.stderr or "hint:" not in p.stderr or len(p.stderr.splitlines()) != 2:
+            fail("loom report %s should fail with %r and a hint: %r" % (args, words, p.stderr))
+    print("ok  bad input: one line and a hint, exit 2")
+
+
+{"watchdog": watchdog, "timeline": timeline, "report": report}[MODE]()

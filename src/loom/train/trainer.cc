@@ -123,9 +123,11 @@ class Trainer {
   double peak_gflops_ = 0;  // all ranks together
   double peak_lr_ = 0;
   Clock::time_point started_;
-  double optim_s_ = 0;
-  std::unique_ptr<profile::SystemSampler> sampler_;  // rank 0: system.jsonl  // the last optimizer
-                                                     // step (with ZeRO's gathers and any offload)
+  // The last step's time by kind (log_step's breakdown): the data loader, the forward,
+  // backward and gradient reductions, the optimizer (with ZeRO's gathers and any offload),
+  // and the data-parallel communication waited for during the first two and the optimizer.
+  double data_s_ = 0, fb_s_ = 0, optim_s_ = 0, fb_comm_s_ = 0, optim_comm_s_ = 0;
+  std::unique_ptr<profile::SystemSampler> sampler_;  // rank 0: system.jsonl
   int64_t first_step_ = 0;
 };
 
@@ -268,10 +270,14 @@ void Trainer::write_trace() {
 float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop) {
   const int mb = static_cast<int>(cfg_.micro_batch), T = static_cast<int>(cfg_.seq_len);
   const size_t mbt = static_cast<size_t>(mb) * T;
+  const auto data_start = Clock::now();
   {
     TraceSpan span("data", "data");
     loader_->batch(static_cast<uint64_t>(step), x_.data(), y_.data());
   }
+  const auto fb_start = Clock::now();
+  data_s_ = std::chrono::duration<double>(fb_start - data_start).count();
+  const double comm_before = dp_->comm_wait_s();
   dp_->zero_grad();
   double loss_sum = 0;
   const float scale = 1.0f / static_cast<float>(cfg_.grad_accum);
@@ -297,11 +303,14 @@ float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop
                          ? static_cast<float>(cfg_.grad_clip / norm)
                          : 1.0f;
   const auto optim_start = Clock::now();
+  fb_s_ = std::chrono::duration<double>(optim_start - fb_start).count();
+  fb_comm_s_ = dp_->comm_wait_s() - comm_before;
   {
     TraceSpan span("optimizer", "optimizer");
     dp_->optimizer_step(clip, lr, cfg_.adamw(), step + 1);
   }
   optim_s_ = std::chrono::duration<double>(Clock::now() - optim_start).count();
+  optim_comm_s_ = dp_->comm_wait_s() - comm_before - fb_comm_s_;
   // The mean loss over the data-parallel replicas (the last pipeline stage computes it, the
   // tensor-parallel ranks of a stage the same value, other stages report 0), and whether
   // any rank was asked to stop (every rank must stop after the same step, or the
@@ -369,14 +378,21 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
     moments_mb = (moments_->bytes_read() + moments_->bytes_written()) / (1 << 20);
     moments_->reset_counters();
   }
-  constexpr int kPerRank = 8;
-  const auto mem = world_gather({static_cast<double>(StateMemory::peak()), peak_rss_bytes(), act,
-                                 block_act, pp_wait_ms, offload_mb, moments_mb, optim_s_ * 1e3});
   const double comm_wait_ms = dp_->comm_wait_s() * 1e3;
   dp_->reset_comm_wait();
   const double tp_comm_ms = tp_ ? tp_->counters().seconds * 1e3 : 0;
   const double tp_comm_mb = tp_ ? tp_->counters().bytes / (1 << 20) : 0;
   if (tp_) tp_->reset_counters();
+  // This rank's step by kind (docs/formats.md, metrics.jsonl): communication it waited for
+  // outside the optimizer (data-parallel, tensor-parallel, pipeline receives), compute = the
+  // forward/backward time less the communication waited for inside it.
+  const double blocked_ms = tp_comm_ms + pp_wait_ms;
+  const double exposed_ms = comm_wait_ms - optim_comm_s_ * 1e3 + blocked_ms;
+  const double compute_ms = std::max(0.0, (fb_s_ - fb_comm_s_) * 1e3 - blocked_ms);
+  constexpr int kPerRank = 11;
+  const auto mem = world_gather({static_cast<double>(StateMemory::peak()), peak_rss_bytes(), act,
+                                 block_act, pp_wait_ms, offload_mb, moments_mb, optim_s_ * 1e3,
+                                 data_s_ * 1e3, compute_ms, exposed_ms});
   if (rank_ != 0) return;
   const double tokens = static_cast<double>(cfg_.global_batch) * cfg_.seq_len;
   const double tps = tokens / step_s;
@@ -385,7 +401,9 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   nlohmann::json state_mb = nlohmann::json::array(), rss_mb = nlohmann::json::array(),
                  act_mb = nlohmann::json::array(), block_act_mb = nlohmann::json::array(),
                  wait_ms = nlohmann::json::array(), spill_mb = nlohmann::json::array(),
-                 zero_io_mb = nlohmann::json::array(), optim_ms = nlohmann::json::array();
+                 zero_io_mb = nlohmann::json::array(), optim_ms = nlohmann::json::array(),
+                 data_ms = nlohmann::json::array(), compute = nlohmann::json::array(),
+                 exposed = nlohmann::json::array();
   for (int q = 0; q < world_; ++q) {
     const double* r = mem.data() + kPerRank * q;
     state_mb.push_back(r[0] / (1 << 20));
@@ -396,6 +414,9 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
     spill_mb.push_back(r[5]);
     zero_io_mb.push_back(r[6]);
     optim_ms.push_back(r[7]);
+    data_ms.push_back(r[8]);
+    compute.push_back(r[9]);
+    exposed.push_back(r[10]);
   }
   nlohmann::json j = {{"step", step + 1},
                       {"loss", loss},
@@ -409,7 +430,10 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
                       {"rss_peak_mb", rss_mb},
                       {"activation_mb", act_mb},
                       {"block_activation_mb", block_act_mb},
-                      {"optim_ms", optim_ms}};
+                      {"optim_ms", optim_ms},
+                      {"data_ms", data_ms},
+                      {"compute_ms", compute},
+                      {"exposed_comm_ms", exposed}};
   if (tp_) j["tp_comm_ms"] = tp_comm_ms, j["tp_comm_mb"] = tp_comm_mb;
   if (pipeline_) j["pp_wait_ms"] = wait_ms;
   if (pipeline_ && pipeline_->offload()) j["offload_mb"] = spill_mb;
