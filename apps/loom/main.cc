@@ -5,6 +5,7 @@
 
 #include "bench.h"
 #include "loom/core/error.h"
+#include "plan.h"
 #include "prep.h"
 #include "report.h"
 #include "run.h"
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
   auto sample = loom::apps::add_sample_command(app);
   auto run = loom::apps::add_run_command(app);
   auto report = loom::apps::add_report_command(app);
+  auto plan = loom::apps::add_plan_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("sample")) return sample();
     if (app.got_subcommand("run")) return run();
     if (app.got_subcommand("report")) return report();
+    if (app.got_subcommand("plan")) return plan();
   } catch (const loom::UserError& e) {
     std::fprintf(stderr, "loom: error: %s\nhint: %s\n", e.what(), e.hint().c_str());
     return 2;

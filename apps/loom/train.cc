@@ -21,7 +21,7 @@ std::function<int()> add_train_command(CLI::App& app) {
   struct Args {
     std::string config;
     std::vector<std::string> overrides;
-    bool resume = false, quiet = false;
+    bool resume = false, quiet = false, plan = false;
   };
   auto a = std::make_shared<Args>();
   CLI::App* t = app.add_subcommand("train", "train a GPT model (configs/*.toml)");
@@ -29,9 +29,12 @@ std::function<int()> add_train_command(CLI::App& app) {
   t->add_option("--set", a->overrides, "override a key: --set optim.lr=3e-4 (repeatable)");
   t->add_flag("--resume", a->resume, "continue from the newest checkpoint in run.dir");
   t->add_flag("--quiet", a->quiet, "no progress lines");
+  t->add_flag("--plan", a->plan,
+              "at the end, print the planner's prediction for this layout next to the "
+              "measurement (and write run.dir/plan.json)");
   return [a]() -> int {
     train::TrainConfig cfg = train::TrainConfig::load(a->config, a->overrides);
-    return train::train(std::move(cfg), {a->resume, a->quiet});
+    return train::train(std::move(cfg), {a->resume, a->quiet, a->plan});
   };
 }
 

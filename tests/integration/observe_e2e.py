@@ -19,6 +19,12 @@ timeline.
                                      errors, every chart drew data, the summary's numbers
                                      equal metrics.jsonl's, the screenshot is not blank; bad
                                      input fails with one line and exit 2
+  observe_e2e.py LOOM WORKDIR plan    `loom train --plan` on every layout family (one process,
+                                     dp 2 with ZeRO 0-3, recompute, tp 2, pp 2): the predicted
+                                     model state per rank within 10% of the measured
+                                     high-water mark (asserted), the step time's error printed
+                                     (docs/perf.md); `loom plan --out` writes a config that
+                                     `loom train` runs
 """
 import json
 import os
@@ -273,4 +279,47 @@ def report():
     print("ok  bad input: one line and a hint, exit 2")
 
 
-{"watchdog": watchdog, "timeline": timeline, "report": report}[MODE]()
+def plan():
+    layouts = [("one process", 1, []), ("dp 2", 2, []), ("dp 2 zero 1", 2, ["train.zero=1"]),
+               ("dp 2 zero 2", 2, ["train.zero=2"]), ("dp 2 zero 3", 2, ["train.zero=3"]),
+               ("dp 2 recompute", 2, ["train.recompute=all"]), ("tp 2", 2, ["train.tp=2"]),
+               ("tp 2 sp", 2, ["train.tp=2", "tp.sequence_parallel=true"]),
+               ("pp 2 1f1b", 2, ["train.pp=2"]),
+               ("pp 2 gpipe", 2, ["train.pp=2", "pp.schedule=gpipe"])]
+    print("%-16s %22s %26s" % ("layout", "state MiB pred/meas", "step ms pred/meas (error)"))
+    for name, n, sets in layouts:
+        d = os.path.join(WORK, "plan_" + re.sub(r"\W+", "_", name))
+        shutil.rmtree(d, ignore_errors=True)
+        extra = [x for kv in sets for x in ("--set", kv)]
+        run(T.launch(n, d, "--plan", *extra, steps=8))
+        with open(os.path.join(d, "plan.json")) as f:
+            p = json.load(f)
+        pred, meas = p["predicted"], p["measured"]
+        err = (pred["state_mb"] - meas["state_mb"]) / meas["state_mb"]
+        if abs(err) > 0.10:
+            fail("%s: model state per rank %.2f MiB predicted, %.2f measured (%+.1f%%, more than "
+                 "10%%)" % (name, pred["state_mb"], meas["state_mb"], 100 * err))
+        print("%-16s %9.2f / %-9.2f %9.1f / %-7.1f (%+.0f%%)" %
+              (name, pred["state_mb"], meas["state_mb"], pred["step_ms"], meas["step_ms"],
+               100 * p["error"]["step"]))
+    print("ok  model state per rank within 10%% of the measured high-water mark on %d layouts" %
+          len(layouts))
+    # `loom plan` lists layouts and writes one as a config that trains.
+    cfg = os.path.join(WORK, "planned.toml")
+    out = run([LOOM, "plan", "--model", "tiny", "--seq", "32", "-b", "8", "--per-node", "2",
+               "--top", "5", "--out", cfg], timeout=600).stdout
+    if "fit" not in out or "wrote layout 1" not in out:
+        fail("loom plan should list layouts and write the best: %s" % out)
+    d = os.path.join(WORK, "planned_run")
+    shutil.rmtree(d, ignore_errors=True)
+    n = 2
+    run([LOOM, "run", "-n", str(n), LOOM, "train", "-c", cfg] + T.args(d, steps=2)[1:])
+    if len([m for m in metrics(d) if "loss" in m]) != 2:
+        fail("the planned config should train 2 steps")
+    print("ok  loom plan --out wrote a config that trains:\n" + out)
+    p = run([LOOM, "plan", "--model", "tiny", "-b", "8", "--device", "v100"], expect_rc=2)
+    if "hint:" not in p.stderr:
+        fail("an unknown device should fail with a hint: %r" % p.stderr)
+
+
+{"watchdog": watchdog, "timeline": timeline, "report": report, "plan": plan}[MODE]()

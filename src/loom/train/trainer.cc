@@ -28,6 +28,8 @@
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/process_groups.h"
 #include "loom/parallel/tensor_parallel.h"
+#include "loom/plan/calibrate.h"
+#include "loom/plan/planner.h"
 #include "loom/profile/system_sampler.h"
 #include "loom/profile/trace.h"
 #include "loom/train/tensorboard.h"
@@ -96,6 +98,7 @@ class Trainer {
   std::vector<double> world_sum(std::vector<double> v);
   std::vector<double> world_gather(const std::vector<double>& v);
   void barrier();
+  void plan_check();
 
   TrainConfig cfg_;
   TrainOptions opt_;
@@ -128,6 +131,10 @@ class Trainer {
   // and the data-parallel communication waited for during the first two and the optimizer.
   double data_s_ = 0, fb_s_ = 0, optim_s_ = 0, fb_comm_s_ = 0, optim_comm_s_ = 0;
   std::unique_ptr<profile::SystemSampler> sampler_;  // rank 0: system.jsonl
+  // For --plan: every step's time and the largest model-state and activation high-water
+  // marks over the ranks.
+  std::vector<double> step_s_;
+  double state_peak_max_ = 0, act_peak_max_ = 0;
   int64_t first_step_ = 0;
 };
 
@@ -380,6 +387,7 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   }
   const double comm_wait_ms = dp_->comm_wait_s() * 1e3;
   dp_->reset_comm_wait();
+  step_s_.push_back(step_s);
   const double tp_comm_ms = tp_ ? tp_->counters().seconds * 1e3 : 0;
   const double tp_comm_mb = tp_ ? tp_->counters().bytes / (1 << 20) : 0;
   if (tp_) tp_->reset_counters();
@@ -393,6 +401,10 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   const auto mem = world_gather({static_cast<double>(StateMemory::peak()), peak_rss_bytes(), act,
                                  block_act, pp_wait_ms, offload_mb, moments_mb, optim_s_ * 1e3,
                                  data_s_ * 1e3, compute_ms, exposed_ms});
+  for (int q = 0; q < world_; ++q) {
+    state_peak_max_ = std::max(state_peak_max_, mem[kPerRank * q]);
+    act_peak_max_ = std::max(act_peak_max_, mem[kPerRank * q + 2]);
+  }
   if (rank_ != 0) return;
   const double tokens = static_cast<double>(cfg_.global_batch) * cfg_.seq_len;
   const double tps = tokens / step_s;
@@ -680,7 +692,80 @@ int Trainer::run() {
   if (saved_at != cfg_.steps) save(cfg_.steps);
   if (tb_) tb_->flush();
   write_trace();
+  if (opt_.plan) plan_check();
   return 0;
+}
+
+// --plan: the planner's prediction for this very layout (plan/planner.h), next to what the
+// run measured: the model-state high-water mark (the largest over the ranks) and the median
+// step time (the first step, which allocates and warms up, left out). The CPU costs are
+// measured now by every rank at once, as the ranks share the machine while training, and
+// the slowest rank's are used.
+void Trainer::plan_check() {
+  barrier();
+  const bool bf16 = cfg_.dtype == "bf16";
+  const int T = static_cast<int>(cfg_.seq_len);
+  const bool recompute = cfg_.recompute_every() == 1;
+  const int t = mesh_->tp();
+  plan::CpuCosts k = plan::measure_cpu({model_cfg_, static_cast<int>(cfg_.micro_batch), T, t,
+                                        recompute, cfg_.sequence_parallel && t > 1, bf16});
+  const auto all = world_gather({k.block_s, k.ends_s, k.adamw_params_per_s});
+  for (int q = 0; q < world_; ++q) {
+    k.block_s = std::max(k.block_s, all[3 * q]);
+    k.ends_s = std::max(k.ends_s, all[3 * q + 1]);
+    k.adamw_params_per_s = std::min(k.adamw_params_per_s, all[3 * q + 2]);
+  }
+  if (rank_ != 0) return;
+  plan::Layout l;
+  l.dp = mesh_->dp(), l.tp = mesh_->tp(), l.pp = mesh_->pp(), l.zero = static_cast<int>(cfg_.zero);
+  l.micro_batch = static_cast<int>(cfg_.micro_batch);
+  l.microbatches = static_cast<int>(cfg_.grad_accum);
+  l.virtual_stages = static_cast<int>(cfg_.pp_virtual_stages);
+  l.schedule = cfg_.pp_schedule;
+  l.recompute = recompute;
+  l.sequence_parallel = cfg_.sequence_parallel && l.tp > 1;
+  l.offload = cfg_.zero_offload == "disk" ? "optimizer" : "none";
+  plan::Cluster c;
+  c.per_node = world_;
+  c.device = plan::cpu_device(world_, bf16);
+  const plan::ModelShape m = plan::model_shape(model_cfg_, T);
+  const plan::Prediction p = plan::predict(m, c, l, static_cast<int>(cfg_.global_batch), &k);
+  std::vector<double> steps(step_s_.begin() + (step_s_.size() > 1 ? 1 : 0), step_s_.end());
+  std::sort(steps.begin(), steps.end());
+  const double median = steps.empty() ? 0 : steps[steps.size() / 2];
+  const double mib = 1 << 20;
+  auto err = [](double predicted, double measured) {
+    return measured > 0 ? (predicted - measured) / measured : 0.0;
+  };
+  nlohmann::json j = {
+      {"layout", l.describe()},
+      {"predicted",
+       {{"state_mb", p.state() / mib},
+        {"activation_mb", p.activations / mib},
+        {"step_ms", p.step_s() * 1e3},
+        {"terms_ms",
+         {{"compute", p.compute * 1e3},
+          {"bubble", p.bubble * 1e3},
+          {"tp_comm", p.tp_comm * 1e3},
+          {"pp_comm", p.pp_comm * 1e3},
+          {"dp_comm", p.dp_comm * 1e3},
+          {"optimizer", p.optimizer_s * 1e3}}},
+        {"measured_costs_ms",
+         {{"block", k.block_s * 1e3}, {"embedding_and_head", k.ends_s * 1e3}}}}},
+      {"measured",
+       {{"state_mb", state_peak_max_ / mib},
+        {"activation_mb", act_peak_max_ / mib},
+        {"step_ms", median * 1e3},
+        {"steps", steps.size()}}},
+      {"error", {{"state", err(p.state(), state_peak_max_)}, {"step", err(p.step_s(), median)}}}};
+  write_file_atomic(cfg_.run_dir + "/plan.json", j.dump(2) + "\n");
+  std::printf(
+      "loom: plan vs measured (%s): model state per rank %.2f MiB predicted, %.2f measured "
+      "(%+.1f%%); step %.1f ms predicted, %.1f measured median (%+.1f%%); activations %.2f "
+      "MiB predicted, %.2f measured\n",
+      l.describe().c_str(), p.state() / mib, state_peak_max_ / mib,
+      100 * err(p.state(), state_peak_max_), p.step_s() * 1e3, median * 1e3,
+      100 * err(p.step_s(), median), p.activations / mib, act_peak_max_ / mib);
 }
 
 }  // namespace

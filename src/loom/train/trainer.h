@@ -17,6 +17,8 @@ namespace loom::train {
 struct TrainOptions {
   bool resume = false;  // continue from run.dir/ckpt's newest checkpoint (if any)
   bool quiet = false;   // no console progress lines
+  bool plan = false;    // at the end, the planner's prediction for this layout next to the
+                        // measurement (printed, and run.dir/plan.json)
 };
 
 // Returns the process exit code: 0 when train.steps are done, 130 when interrupted by

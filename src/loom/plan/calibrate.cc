@@ -1,0 +1,106 @@
+#include "loom/plan/calibrate.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "loom/comm/tuning.h"
+#include "loom/kernels/cpu/gemm.h"
+#include "loom/optim/adamw.h"
+
+namespace loom::plan {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Tensor-parallel communication that moves nothing (timing only).
+class NoComm : public model::TpComm {
+ public:
+  explicit NoComm(int t) : t_(t) {}
+  void allreduce_sum(float*, size_t) override {}
+  void allreduce_max(float*, size_t) override {}
+  void allgather(const float* mine, float* all, size_t n) override {
+    for (int r = 0; r < t_; ++r) std::memcpy(all + r * n, mine, n * sizeof(float));
+  }
+  void reduce_scatter_sum(const float* all, float* mine, size_t n) override {
+    std::memcpy(mine, all, n * sizeof(float));
+  }
+
+ private:
+  int t_;
+};
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double step_seconds(const CpuShape& s, int layers, int repeats) {
+  model::GptConfig cfg = s.model;
+  cfg.n_layer = layers;
+  model::Gpt g(cfg, true, model::TensorSplit{s.tp, 0, s.sequence_parallel && s.tp > 1});
+  NoComm comm(s.tp);
+  if (s.tp > 1) g.set_tp_comm(&comm);
+  g.set_recompute_every(s.recompute ? 1 : 0);
+  g.set_precision(s.bf16 ? kernels::cpu::Precision::kBF16 : kernels::cpu::Precision::kF32);
+  g.init(1);
+  const int n = s.micro_batch * s.seq;
+  std::vector<int> x(n), y(n);
+  for (int i = 0; i < n; ++i) x[i] = (i * 7919) % 50000, y[i] = (i * 104729 + 1) % 50000;
+  std::vector<double> times;
+  for (int r = 0; r <= repeats; ++r) {
+    const auto t0 = Clock::now();
+    g.zero_grad();
+    g.forward(x.data(), y.data(), s.micro_batch, s.seq);
+    g.backward(1.0f);
+    if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return median_of(times);
+}
+
+}  // namespace
+
+CpuCosts measure_cpu(const CpuShape& shape, int repeats) {
+  CpuCosts c;
+  const double one = step_seconds(shape, 1, repeats), three = step_seconds(shape, 3, repeats);
+  c.block_s = std::max(0.0, (three - one) / 2);
+  c.ends_s = std::max(0.0, one - c.block_s);
+  const size_t n = size_t{4} << 20;
+  optim::AdamW adam({{0, n, true}}, 0, n);
+  std::vector<float> p(n, 0.01f), g(n, 0.001f);
+  std::vector<double> times;
+  for (int r = 0; r <= repeats; ++r) {
+    const auto t0 = Clock::now();
+    adam.step(p.data(), g.data(), 1.0f, 1e-3, optim::AdamWParams{}, r + 1);
+    if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  c.adamw_params_per_s = static_cast<double>(n) / median_of(times);
+  const comm::CostModel cm = comm::CostModel::from_env();
+  c.shm_alpha_us = cm.shm.alpha_us, c.shm_gbps = cm.shm.gbps;
+  return c;
+}
+
+Device cpu_device(int ranks_per_node, bool bf16) {
+  Device d;
+  d.name = "cpu";
+  d.cpu = true;
+  d.peak_tflops = kernels::cpu::measure_peak_gflops(bf16 ? kernels::cpu::Precision::kBF16
+                                                         : kernels::cpu::Precision::kF32) /
+                  1e3;
+  const double bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  d.mem_gb = bytes / 1e9 / std::max(ranks_per_node, 1);
+  d.gemm_efficiency = 1;
+  return d;
+}
+
+ModelShape model_shape(const model::GptConfig& g, int seq) {
+  ModelShape m;
+  m.name = g.name, m.layers = g.n_layer, m.hidden = g.n_embd, m.heads = g.n_head;
+  m.vocab = g.padded_vocab_size, m.seq = seq, m.max_seq = g.block_size;
+  return m;
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,31 @@
+// The CPU's costs for the planner, measured: loom's own model at the layout's shape (one
+// microbatch's forward + backward of a 1-block and a 3-block model: the difference over 2 is
+// a block, the rest the embedding and head), AdamW's update rate over 4M parameters, and
+// the tuning table's shared-memory cost model (comm/tuning.h). Runs on the calling thread
+// team (set it to the ranks' threads first). Tensor-parallel shapes run against a
+// communication stub that moves nothing: the collectives are priced separately.
+#pragma once
+
+#include <string>
+
+#include "loom/model/gpt.h"
+#include "loom/plan/planner.h"
+
+namespace loom::plan {
+
+struct CpuShape {
+  model::GptConfig model;
+  int micro_batch = 1, seq = 64, tp = 1;
+  bool recompute = false, sequence_parallel = false, bf16 = false;
+};
+
+CpuCosts measure_cpu(const CpuShape& shape, int repeats = 3);
+
+// The CPU as a device: fp32 (or bf16) GEMM peak measured on the calling thread team, the
+// machine's memory shared by `ranks_per_node`.
+Device cpu_device(int ranks_per_node, bool bf16);
+
+// A model's shape for the planner at sequence length seq.
+ModelShape model_shape(const model::GptConfig& g, int seq);
+
+}  // namespace loom::plan

@@ -1,0 +1,304 @@
+#include "loom/plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "loom/core/error.h"
+#include "loom/parallel/pipeline_schedule.h"
+#include "loom/parallel/pipeline_stages.h"
+
+namespace loom::plan {
+namespace {
+
+// A ring collective's time: `passes` x (n-1)/n of `bytes` over `gbps`, plus its steps'
+// latency (alpha_us per step, one step per peer and pass).
+double ring_s(double bytes, int n, double passes, double gbps, double alpha_us = 0) {
+  if (n <= 1) return 0;
+  return passes * (n - 1.0) / n * bytes / (gbps * 1e9) + passes * (n - 1) * alpha_us * 1e-6;
+}
+
+}  // namespace
+
+Device gpu_device(const std::string& name) {
+  // Published figures: dense bf16 peak, memory, HBM bandwidth, NVLink per direction (half
+  // the bidirectional figure), one InfiniBand HCA per GPU (HDR 200 Gb/s on DGX A100, NDR
+  // 400 Gb/s on DGX H100/H200). The GEMM efficiency (0.8 of peak for large products) is the
+  // model's one assumption about the software (docs/architecture.md, the planner).
+  if (name == "a100-40") return {"a100-40", 312, 40, 1555, 300, 25, 0.8, false};
+  if (name == "a100-80" || name == "a100") return {"a100-80", 312, 80, 2039, 300, 25, 0.8, false};
+  if (name == "h100") return {"h100", 989, 80, 3350, 450, 50, 0.8, false};
+  if (name == "h200") return {"h200", 989, 141, 4800, 450, 50, 0.8, false};
+  throw UserError("device '" + name + "' is not in the planner's table",
+                  "use cpu (measured here), a100-40, a100-80, h100 or h200");
+}
+
+double ModelShape::params() const {
+  double p = 0;
+  for (double u : unit_params(*this, 1)) p += u;
+  return p;
+}
+
+double ModelShape::step_flops(double batch, bool recompute) const {
+  const double s = seq, l = layers, h = hidden, V = vocab;
+  const double blocks = 72 * batch * s * l * h * h * (1 + s / (6 * h)) * (recompute ? 4.0 / 3 : 1);
+  return blocks + 6 * batch * s * h * V;
+}
+
+std::string Layout::describe() const {
+  std::ostringstream o;
+  o << "dp " << dp << " tp " << tp << " pp " << pp << " zero " << zero << " mb " << micro_batch
+    << "x" << microbatches;
+  if (pp > 1)
+    o << " " << schedule << (virtual_stages > 1 ? "/v" + std::to_string(virtual_stages) : "");
+  if (recompute) o << " recompute";
+  if (sequence_parallel) o << " sp";
+  if (offload != "none") o << " offload " << offload;
+  return o.str();
+}
+
+std::vector<double> unit_params(const ModelShape& m, int t) {
+  const double C = m.hidden;
+  std::vector<double> u = {m.vocab / t * C + m.max_seq * C};
+  for (int l = 0; l < m.layers; ++l) u.push_back(12 * C * C / t + 7 * C / t + 6 * C);
+  u.push_back(2 * C);
+  return u;
+}
+
+Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int global_batch,
+                   const CpuCosts* cpu) {
+  const Device& d = c.device;
+  const int t = l.tp, P = l.pp, S = l.dp, V = l.virtual_stages, M = l.microbatches;
+  const double b = l.micro_batch, s = m.seq, h = m.hidden, a = m.heads;
+  if (S * t * P != c.world())
+    throw UserError("layout " + l.describe() + " needs " + std::to_string(S * t * P) +
+                        " ranks, the cluster has " + std::to_string(c.world()),
+                    "make dp x tp x pp equal nodes x devices per node");
+  if (static_cast<long>(S) * l.micro_batch * M != global_batch)
+    throw UserError("dp " + std::to_string(S) + " x micro-batch " + std::to_string(l.micro_batch) +
+                        " x " + std::to_string(M) + " microbatches is not the global batch " +
+                        std::to_string(global_batch),
+                    "pick a micro-batch that divides global_batch / dp");
+  if (t > c.per_node || m.heads % t || m.vocab % t)
+    throw UserError("tp " + std::to_string(t) + " does not split " + m.name + " inside a machine",
+                    "tp must divide the heads (" + std::to_string(m.heads) +
+                        ") and the padded vocabulary and be at most the devices per node");
+  if (P * V > m.layers + 2)
+    throw UserError("pp " + std::to_string(P) + " x " + std::to_string(V) + " chunks exceeds " +
+                        std::to_string(m.layers + 2) + " units",
+                    "use fewer stages");
+  if (!d.cpu && cpu) cpu = nullptr;
+  if (d.cpu && !cpu)
+    throw UserError("a CPU prediction needs measured costs", "use loom plan --device cpu");
+  Prediction p;
+  p.layout = l;
+
+  // Stages: loom's cut by FLOPs (parallel/pipeline_stages.h); the last stage also holds the
+  // tied embedding (its head reads wte).
+  const std::vector<double> units = unit_params(m, t);
+  const int nu = static_cast<int>(units.size());
+  std::vector<parallel::UnitRange> pieces = {{0, nu - 1}};
+  if (P > 1)
+    pieces = parallel::balance_stages(parallel::gpt_unit_costs(m.layers, m.hidden, m.vocab, m.seq),
+                                      P, V);
+  const auto kind = parallel::schedule_kind(P > 1 ? l.schedule : "1f1b");
+  parallel::ScheduleTiming timing;
+  if (P > 1) timing = parallel::simulate_schedule(parallel::make_schedule(kind, P, M, V), P, V);
+
+  // Per-layer activations of one microbatch (bytes) and what a recomputed layer keeps.
+  double layer_act, layer_kept, head_act;
+  if (d.cpu) {  // loom's fp32 buffers (docs/perf.md: activations)
+    layer_act = 4 * (l.sequence_parallel && t > 1
+                         ? (16 * s * b * h + 4 * s * b + a * s * s * b) / t
+                         : s * b * h * (4 + 12.0 / t) + 4 * s * b + a * s * s * b / t);
+    layer_kept = 4 * s * b * h / (l.sequence_parallel ? t : 1);
+    head_act = 4 * b * s * m.vocab / t + 4 * 3 * b * s * h;
+  } else {  // Korthikanti et al., 16-bit
+    const double scores = m.flash_attention ? 0 : 5 * a * s / h;
+    layer_act = l.sequence_parallel ? s * b * h / t * (34 + scores)
+                                    : s * b * h * (10 + 24.0 / t + scores / t);
+    if (t == 1) layer_act = s * b * h * (34 + scores);
+    layer_kept = 2 * s * b * h / (l.sequence_parallel ? t : 1);
+    head_act = 4 * b * s * m.vocab / t;
+  }
+
+  // Per stage: parameters held, layers, head; the fullest stage sets memory, the slowest
+  // the pipeline's pace.
+  double worst_mem = -1, worst_stage_s = 0;
+  std::vector<double> stage_params(P, 0.0);
+  std::vector<int> stage_layers(P, 0);
+  std::vector<bool> stage_head(P, false), stage_embed(P, false);
+  double biggest_unit = 0;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const int st = static_cast<int>(k % P);
+    for (int u = pieces[k].first; u <= pieces[k].last; ++u) {
+      stage_params[st] += units[u];
+      biggest_unit = std::max(biggest_unit, units[u]);
+      if (u >= 1 && u <= m.layers) ++stage_layers[st];
+      if (u == nu - 1) stage_head[st] = true;
+      if (u == 0) stage_embed[st] = true;
+    }
+  }
+  for (int st = 0; st < P; ++st)
+    if (stage_head[st] && !stage_embed[st]) stage_params[st] += units[0];
+
+  // Compute of one microbatch through a stage.
+  const double gemm_rate = d.peak_tflops * 1e12 * d.gemm_efficiency;
+  auto layer_s = [&]() {
+    if (d.cpu) return cpu->block_s;
+    const double flops = (24 * b * s * h * h + 4 * b * s * s * h) / t;
+    const double f = flops / gemm_rate + 2 * layer_act / (d.hbm_gbps * 1e9);
+    return f * (l.recompute ? 4 : 3);  // F, B = 2F, and F again when recomputed
+  };
+  auto head_s = [&]() {
+    if (d.cpu) return cpu->ends_s;
+    return 3 * 2 * b * s * h * m.vocab / t / gemm_rate + 3 * head_act / (d.hbm_gbps * 1e9);
+  };
+  // Tensor-parallel collectives per layer and microbatch: 2 allreduces of (b,s,h) forward,
+  // 2 backward, 2 more in a recomputed forward (with sequence parallelism the allgathers
+  // and reduce-scatters move the same bytes).
+  const double value_bytes = d.cpu ? 4 : 2;
+  const double act_msg = b * s * h * value_bytes;
+  auto tp_layer_s = [&]() {
+    const int n_ar = l.recompute ? 6 : 4;
+    if (d.cpu) return n_ar * ring_s(act_msg, t, 2, cpu->shm_gbps, cpu->shm_alpha_us);
+    return n_ar * ring_s(act_msg, t, 2, d.intra_gbps);
+  };
+  const double tp_ends = d.cpu ? 2 * ring_s(act_msg, t, 2, cpu->shm_gbps, cpu->shm_alpha_us) +
+                                     3 * ring_s(4 * b * s, t, 2, cpu->shm_gbps, cpu->shm_alpha_us)
+                               : 2 * ring_s(act_msg, t, 2, d.intra_gbps);
+  std::vector<double> stage_s(P);
+  double tp_per_mb = 0;
+  for (int st = 0; st < P; ++st) {
+    stage_s[st] = stage_layers[st] * layer_s() + (stage_head[st] ? head_s() : 0);
+    const double tp_s = stage_layers[st] * tp_layer_s() + (stage_head[st] ? tp_ends : 0);
+    if (stage_s[st] + tp_s > worst_stage_s) worst_stage_s = stage_s[st] + tp_s, tp_per_mb = tp_s;
+  }
+  const double stage_compute = worst_stage_s - tp_per_mb;
+  if (P > 1) {
+    const double pipe = timing.makespan / 3.0 * worst_stage_s;  // unit costs: F 1, BW 2
+    p.compute = M * stage_compute;
+    p.tp_comm = M * tp_per_mb;
+    p.bubble = std::max(0.0, pipe - M * worst_stage_s);
+    const bool cross = t * P > c.per_node;  // stages on other machines (tp fastest, then pp)
+    const double link = d.cpu ? cpu->shm_gbps : (cross ? d.inter_gbps : d.intra_gbps);
+    const double msg = act_msg / (l.sequence_parallel ? t : 1);
+    p.pp_comm = M * 2 * msg / (link * 1e9) * V;
+  } else {
+    p.compute = M * stage_compute;
+    p.tp_comm = M * tp_per_mb;
+  }
+
+  // Memory and data-parallel traffic of the fullest stage.
+  for (int st = 0; st < P; ++st) {
+    const double psi = stage_params[st];
+    const double shard = l.zero > 0 && S > 1 ? psi / S : psi;
+    double params, grads, opt, buffers = 0;
+    if (d.cpu) {  // fp32: 4 weights, 4 gradients, 8 Adam moments
+      params = 4 * (l.zero == 3 ? shard : psi);
+      grads = 4 * (l.zero >= 2 && P == 1 ? shard : psi);
+      opt = l.offload == "optimizer" ? 0 : 8 * (l.zero >= 1 ? shard : psi);
+      if (l.zero == 2 && S > 1 && P == 1) buffers += 4 * biggest_unit;  // a unit's full gradient
+      if (l.zero == 3 && S > 1) buffers += 2 * 4 * biggest_unit;  // a gathered unit, its gradient
+    } else {                                                      // mixed precision: 2 + 2 + 12
+      params = 2 * (l.zero == 3 ? shard : psi);
+      grads = 2 * (l.zero >= 2 ? shard : psi);
+      opt = 12 * (l.zero >= 1 ? shard : psi);
+      if (l.zero == 3 && S > 1) buffers += 2 * 2 * biggest_unit;
+    }
+    double in_flight = 1;
+    if (P > 1) in_flight = timing.peak_in_flight[st] / static_cast<double>(V);
+    const double per_layer = l.recompute ? layer_kept : layer_act;
+    double acts = in_flight * stage_layers[st] * per_layer;
+    if (l.recompute) acts += layer_act;  // the recomputed layer's working buffers
+    if (stage_head[st]) acts += head_act;
+    const double mem = params + grads + opt + buffers + acts;
+    if (mem > worst_mem) {
+      worst_mem = mem;
+      p.params = params, p.grads = grads, p.optimizer = opt, p.buffers = buffers,
+      p.activations = acts;
+    }
+  }
+  // Data-parallel synchronisation of the largest stage's gradients (not overlapped with
+  // the backward: loom and Megatron-LM of 2021 reduce after it); ZeRO-1/2 then gather the
+  // updated parameters, ZeRO-3 gathers each unit in forward and backward of every microbatch.
+  double psi_max = *std::max_element(stage_params.begin(), stage_params.end());
+  const double gbytes = psi_max * value_bytes;
+  const bool cross = c.nodes > 1;
+  const double link = d.cpu ? cpu->shm_gbps : (cross ? d.inter_gbps : d.intra_gbps);
+  const double alpha = d.cpu ? cpu->shm_alpha_us : 0;
+  if (S > 1) {
+    switch (l.zero) {
+      case 0:
+        p.dp_comm = ring_s(gbytes, S, 2, link, alpha);
+        break;
+      case 1:
+        p.dp_comm = ring_s(gbytes, S, 3, link, alpha);
+        break;
+      case 2:
+        p.dp_comm = ring_s(gbytes, S, 2, link, alpha);
+        break;
+      default:
+        p.dp_comm = M * ring_s(gbytes, S, 3, link, alpha);
+        break;
+    }
+  }
+  const double opt_params = l.zero >= 1 && S > 1 ? psi_max / S : psi_max;
+  p.optimizer_s =
+      d.cpu ? opt_params / cpu->adamw_params_per_s
+            : opt_params * 34 / (d.hbm_gbps * 1e9);  // fp32 p, m, v, g in; p, m, v, bf16 p out
+  p.tflops_per_device = m.step_flops(global_batch, l.recompute) / p.step_s() / c.world() / 1e12;
+  p.fits = p.memory() <= d.mem_gb * 1e9 * (d.cpu ? 1.0 : 0.9);
+  return p;
+}
+
+std::vector<Layout> candidate_layouts(const ModelShape& m, const Cluster& c, int global_batch) {
+  std::vector<Layout> out;
+  const int W = c.world();
+  for (int t = 1; t <= c.per_node; ++t) {
+    if (W % t || c.per_node % t || m.heads % t || m.vocab % t) continue;
+    for (int P = 1; P <= W / t && P <= m.layers; ++P) {
+      if ((W / t) % P) continue;
+      const int S = W / (t * P);
+      if (global_batch % S) continue;
+      for (int mb = 1; mb <= global_batch / S; mb *= 2) {
+        if ((global_batch / S) % mb) continue;
+        const int M = global_batch / S / mb;
+        if (P > 1 && M < P) continue;
+        std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};
+        if (P > 1) {
+          schedules = {{"1f1b", 1}, {"gpipe", 1}, {"zb-h1", 1}};
+          if (m.layers + 2 >= 2 * P) schedules.push_back({"interleaved", 2});
+        }
+        for (const auto& [sched, v] : schedules)
+          for (int zero = 0; zero <= (S > 1 ? 3 : 0); ++zero)
+            for (int rc = 0; rc <= 1; ++rc) {
+              Layout l;
+              l.dp = S, l.tp = t, l.pp = P, l.zero = zero, l.micro_batch = mb, l.microbatches = M;
+              l.schedule = sched, l.virtual_stages = v, l.recompute = rc;
+              l.sequence_parallel = t > 1;
+              out.push_back(l);
+            }
+      }
+    }
+  }
+  return out;
+}
+
+std::string layout_toml(const ModelShape& m, const Layout& l, int global_batch) {
+  std::ostringstream o;
+  o << "# from `loom plan`: " << l.describe() << "\n[model]\nname = \"" << m.name
+    << "\"\n\n[train]\nglobal_batch = " << global_batch << "\nmicro_batch = " << l.micro_batch
+    << "\nseq_len = " << m.seq << "\ntp = " << l.tp << "\npp = " << l.pp << "\nzero = " << l.zero
+    << "\nrecompute = \"" << (l.recompute ? "all" : "none") << "\"\n";
+  if (l.pp > 1)
+    o << "\n[pp]\nschedule = \"" << l.schedule << "\"\nvirtual_stages = " << l.virtual_stages
+      << "\n";
+  if (l.tp > 1)
+    o << "\n[tp]\nsequence_parallel = " << (l.sequence_parallel ? "true" : "false") << "\n";
+  if (l.offload == "optimizer") o << "\n[zero]\noffload = \"disk\"\n";
+  return o.str();
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,126 @@
+// The planner (`loom plan`, `loom train --plan`): for a model, a cluster and a global batch,
+// the layouts (dp, tp, pp, ZeRO stage, micro-batch, schedule, recompute, offload) that fit
+// in memory, with predicted per-rank memory and step time, best first.
+//
+// Memory (bytes per rank, the fullest rank): model state by ZeRO's formulas — on GPUs mixed
+// precision's 16 bytes per parameter (2 weights, 2 gradients, 12 fp32 master + Adam), on
+// loom's CPU path fp32's 16 (4 + 4 + 8) with the buffers loom's DataParallel really holds
+// (per-unit padding to the data-parallel size, the unit whose full gradient waits for its
+// reduce-scatter, ZeRO-3's gathered units); activations by Korthikanti et al.'s per-layer
+// formulas (GPUs) or loom's fp32 ones (docs/perf.md), times the microbatches the schedule
+// keeps in flight.
+//
+// Time (seconds per step): compute = FLOPs / (peak x GEMM efficiency) + activation traffic
+// / memory bandwidth (GPUs: device table below; CPU: the measured time of loom's own
+// block, embedding and head at this shape, calibrate.h); tensor-parallel collectives and
+// data-parallel gradient synchronisation by ring formulas over the link bandwidths (CPU:
+// the tuning table's shared-memory cost model); the pipeline's step = the schedule's
+// makespan with the slowest stage's costs (parallel/pipeline_schedule.h simulator); the
+// optimizer = its bytes / memory bandwidth (GPU) or the measured AdamW rate (CPU).
+// docs/architecture.md (the planner) lists every term and its validation.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace loom::plan {
+
+// One device, as published (GPUs) or as measured (cpu).
+struct Device {
+  std::string name;
+  double peak_tflops = 0;      // dense 16-bit (GPUs); fp32 GEMM measured (cpu)
+  double mem_gb = 0;           // per device (cpu: the machine's memory / ranks on it)
+  double hbm_gbps = 0;         // memory bandwidth
+  double intra_gbps = 0;       // per device and direction inside a machine (NVLink)
+  double inter_gbps = 0;       // per device and direction between machines (InfiniBand)
+  double gemm_efficiency = 0;  // share of peak a large matrix product reaches
+  bool cpu = false;
+};
+// a100-40, a100-80, h100, h200 (published figures; docs/architecture.md); UserError
+// otherwise. "cpu" is built by calibrate.h.
+Device gpu_device(const std::string& name);
+
+struct ModelShape {
+  std::string name;
+  int layers = 0, hidden = 0, heads = 0, vocab = 0 /* padded */, seq = 0, max_seq = 0;
+  bool flash_attention = false;  // no s x s scores kept or moved (cuDNN/FlashAttention)
+  double params() const;         // the whole model's (tied head)
+  // Megatron's model FLOPs of one step of `batch` sequences with full recompute when
+  // `recompute`: 72 B s l h^2 (1 + s/6h + V/(12 l h)) x (4/3 with recompute), as in
+  // Narayanan et al. (2021) eq. 3.
+  double step_flops(double batch, bool recompute) const;
+};
+
+struct Cluster {
+  int nodes = 1, per_node = 1;
+  Device device;
+  int world() const { return nodes * per_node; }
+};
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1, zero = 0, micro_batch = 1, microbatches = 1, virtual_stages = 1;
+  std::string schedule = "1f1b";  // pipelines: gpipe, 1f1b, interleaved, zb-h1
+  bool recompute = false, sequence_parallel = false;
+  std::string offload = "none";  // none, optimizer (zero.offload = disk)
+  std::string describe() const;
+};
+
+// The CPU's measured costs at one shape (calibrate.h); unused on GPUs.
+struct CpuCosts {
+  double block_s = 0;  // one block's forward + backward, one microbatch, this tp split
+  double ends_s = 0;   // embedding + final norm + head (forward + backward)
+  double adamw_params_per_s = 0;
+  double shm_alpha_us = 0, shm_gbps = 0;  // the tuning table's shared-memory link
+};
+
+struct Prediction {
+  Layout layout;
+  // bytes per rank (the fullest)
+  double params = 0, grads = 0, optimizer = 0, buffers = 0, activations = 0;
+  double state() const { return params + grads + optimizer + buffers; }
+  double memory() const { return state() + activations; }
+  // seconds per step
+  double compute = 0, bubble = 0, tp_comm = 0, pp_comm = 0, dp_comm = 0, optimizer_s = 0;
+  double step_s() const { return compute + bubble + tp_comm + pp_comm + dp_comm + optimizer_s; }
+  double tflops_per_device = 0;  // Megatron's model FLOPs (recompute counted) / step / devices
+  bool fits = true;
+};
+
+// One layout's prediction; `cpu` is read when the cluster's device is the CPU. UserError
+// naming the numbers when the layout cannot run (sizes that do not divide, tp beyond a
+// machine, ...).
+Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int global_batch,
+                   const CpuCosts* cpu = nullptr);
+
+// Layouts of the cluster for the batch, those that fit first, fastest first. `costs`
+// returns the CPU costs for a (micro-batch, tp, recompute) (ignored on GPUs).
+template <typename CostFn>
+std::vector<Prediction> enumerate(const ModelShape& m, const Cluster& c, int global_batch,
+                                  CostFn costs);
+std::vector<Layout> candidate_layouts(const ModelShape& m, const Cluster& c, int global_batch);
+
+// Units' parameter counts under a t-way tensor split (embedding, blocks, final norm):
+// loom's model layout (model/gpt.h), checked against the model by tests/unit/plan_test.cc.
+std::vector<double> unit_params(const ModelShape& m, int t);
+
+// The layout as a config to start from ([model], [train], [pp], [zero] keys).
+std::string layout_toml(const ModelShape& m, const Layout& l, int global_batch);
+
+template <typename CostFn>
+std::vector<Prediction> enumerate(const ModelShape& m, const Cluster& c, int global_batch,
+                                  CostFn costs) {
+  std::vector<Prediction> out;
+  for (const Layout& l : candidate_layouts(m, c, global_batch)) {
+    CpuCosts k;
+    if (c.device.cpu) k = costs(l);
+    out.push_back(predict(m, c, l, global_batch, c.device.cpu ? &k : nullptr));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.step_s() < b.step_s();
+  });
+  return out;
+}
+
+}  // namespace loom::plan
