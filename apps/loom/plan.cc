@@ -74,8 +74,9 @@ std::function<int()> add_plan_command(CLI::App& app) {
       auto key = std::make_tuple(l.micro_batch, l.tp, l.recompute);
       auto it = measured.find(key);
       if (it == measured.end()) {
-        plan::CpuShape s{g, l.micro_batch, m.seq, l.tp, l.recompute, l.sequence_parallel, a->bf16};
-        it = measured.emplace(key, plan::measure_cpu(s, 1)).first;
+        const plan::CpuShape s{g,           l.micro_batch,       m.seq,   l.tp,
+                               l.recompute, l.sequence_parallel, a->bf16, threads};
+        it = measured.emplace(key, plan::measure_cpu(s, c.per_node, 2)).first;
       }
       return it->second;
     };

@@ -1,8 +1,7 @@
-// `loom run -n N [--max-restarts K] [--all-ranks] [--] loom train ...` (also `loom run -n N
-// train ...`): starts N ranks on this machine around a rendezvous store it hosts, prints
-// their output prefixed with the rank, forwards SIGINT/SIGTERM, tears the job down when a
-// rank fails (naming it), and on failure restarts the job from its latest checkpoint up to
-// K times.
+// `loom run -n N [--max-restarts K] [--all-ranks] [--profile] [--] loom train ...` (also `loom run
+// -n N train ...`): starts N ranks on this machine around a rendezvous store it hosts, prints their
+// output prefixed with the rank, forwards SIGINT/SIGTERM, tears the job down when a rank fails
+// (naming it), and on failure restarts the job from its latest checkpoint up to K times.
 #include "run.h"
 
 #include <algorithm>
@@ -27,7 +26,7 @@ std::function<int()> add_run_command(CLI::App& app) {
   struct Args {
     int n = 1;
     int max_restarts = 0;
-    bool all_ranks = false;
+    bool all_ranks = false, profile = false;
     double timeout = 0;
   };
   auto a = std::make_shared<Args>();
@@ -38,6 +37,8 @@ std::function<int()> add_run_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   r->add_flag("--all-ranks", a->all_ranks, "every rank prints its training log (default: rank 0)");
   r->add_option("--timeout", a->timeout, "kill the job after this many seconds (0: never)");
+  r->add_flag("--profile", a->profile,
+              "loom train: record the timeline (train.profile = true: run.dir/trace.json)");
   r->prefix_command();
   r->footer("Example: loom run -n 2 loom train -c configs/tiny.toml --set train.zero=1");
   return [a, r, &app]() -> int {
@@ -62,6 +63,10 @@ std::function<int()> add_run_command(CLI::App& app) {
     lo.timeout_seconds = a->timeout;
     if (a->all_ranks) lo.env["LOOM_LOG_ALL_RANKS"] = "1";
     const bool is_train = cmd.size() > 1 && cmd[1] == "train";
+    if (a->profile && !is_train)
+      throw UserError("--profile records a `loom train` job's timeline",
+                      "e.g. loom run -n 2 --profile loom train -c configs/tiny.toml");
+    if (a->profile) lo.argv.insert(lo.argv.begin() + 2, {"--set", "train.profile=true"});
     for (int attempt = 0;; ++attempt) {
       launch::LaunchResult res = launch::run_local(lo);
       if (res.ok()) return 0;

@@ -12,8 +12,11 @@ timeline.
                                      on each track nest, every collective of each
                                      communicator is there (sequence numbers without gaps)
                                      with its bytes, steps hold the forward, backward and
-                                     optimizer spans, pipelines their F/BW actions;
-                                     system.jsonl samples and the trace's counters
+                                     optimizer spans, units' passes and large GEMMs,
+                                     pipelines their F/BW actions; every rank's clock
+                                     offset (0 on one machine, measured within half the
+                                     round trip); system.jsonl samples and the trace's
+                                     counters
   observe_e2e.py LOOM WORKDIR report  `loom report` of a 2-rank tensor-parallel run with the
                                      timeline on, opened in headless Chromium: no console
                                      errors, every chart drew data, the summary's numbers
@@ -22,9 +25,9 @@ timeline.
   observe_e2e.py LOOM WORKDIR plan    `loom train --plan` on every layout family (one process,
                                      dp 2 with ZeRO 0-3, recompute, tp 2, pp 2): the predicted
                                      model state per rank within 10% of the measured
-                                     high-water mark (asserted), the step time's error printed
-                                     (docs/perf.md); `loom plan --out` writes a config that
-                                     `loom train` runs
+                                     high-water mark, the median step-time error over the
+                                     layouts within 20% (each printed; docs/perf.md);
+                                     `loom plan --out` writes a config that `loom train` runs
 """
 import json
 import os
@@ -87,6 +90,16 @@ def check_trace(d, want_names):
     ranks = sorted({e["pid"] for e in spans})
     if ranks != [0, 1]:
         fail("trace.json should hold ranks 0 and 1, not %s" % ranks)
+    # Clocks: each rank's offset to rank 0's, measured by ping-pong; on one machine the true
+    # offset is 0, so the measurement must lie within half its round trip of it, and the
+    # offset applied is 0 (one machine's ranks share CLOCK_MONOTONIC).
+    for e in events:
+        if e["ph"] == "M" and e["name"] == "process_name":
+            a = e["args"]
+            if a.get("clock_offset_us") != 0 or \
+                    abs(a["clock_measured_us"]) > a["clock_rtt_us"] / 2 + 1:
+                fail("rank %d: clock offset %s: should be 0 applied, measured within half the "
+                     "round trip" % (e["pid"], a))
     tracks = {}
     for e in spans:
         tracks.setdefault((e["pid"], e["tid"]), []).append(e)
@@ -128,7 +141,10 @@ def timeline():
     run(T.launch(2, d, "--set", "train.profile=true", "--set", "train.zero=3", "--set",
                  "train.system_sample_s=0.1", steps=3))
     spans = check_trace(d, ["step 1", "step 3", "data", "forward", "backward", "optimizer",
-                            "allgather", "reduce_scatter", "checkpoint"])
+                            "allgather", "reduce_scatter", "checkpoint", "embedding F",
+                            "block 0 F", "block 1 BW", "final norm F", "head F", "head BW"])
+    if not any(e["cat"] == "kernel" and e["name"].startswith("gemm ") for e in spans):
+        fail("the timeline should show the large matrix products (cat kernel, 'gemm ...')")
     n = sum(1 for e in spans if e["cat"] == "comm")
     print("ok  ZeRO-3 on 2 ranks: %d spans, %d collectives with bytes, nested, no gaps" %
           (len(spans), n))
@@ -202,9 +218,9 @@ def report():
     from chromium import Browser, png_pixels
     d = os.path.join(WORK, "report_tp2")
     shutil.rmtree(d, ignore_errors=True)
-    run(T.launch(2, d, "--set", "train.profile=true", "--set", "train.tp=2", "--set",
-                 "train.system_sample_s=0.2", "--set", "eval.every=4", "--set", "eval.batches=2",
-                 steps=8))
+    run([LOOM, "run", "-n", "2", "--profile", LOOM] +
+        T.args(d, "--set", "train.tp=2", "--set", "train.system_sample_s=0.2", "--set",
+               "eval.every=4", "--set", "eval.batches=2", steps=8))
     out = run([LOOM, "report", d, "--step", "6"]).stdout
     page = os.path.join(d, "report.html")
     if page not in out or not os.path.exists(page):
@@ -287,11 +303,12 @@ def plan():
                ("pp 2 1f1b", 2, ["train.pp=2"]),
                ("pp 2 gpipe", 2, ["train.pp=2", "pp.schedule=gpipe"])]
     print("%-16s %22s %26s" % ("layout", "state MiB pred/meas", "step ms pred/meas (error)"))
+    step_errors = []
     for name, n, sets in layouts:
         d = os.path.join(WORK, "plan_" + re.sub(r"\W+", "_", name))
         shutil.rmtree(d, ignore_errors=True)
         extra = [x for kv in sets for x in ("--set", kv)]
-        run(T.launch(n, d, "--plan", *extra, steps=8))
+        run(T.launch(n, d, "--plan", *extra, steps=12))
         with open(os.path.join(d, "plan.json")) as f:
             p = json.load(f)
         pred, meas = p["predicted"], p["measured"]
@@ -299,11 +316,24 @@ def plan():
         if abs(err) > 0.10:
             fail("%s: model state per rank %.2f MiB predicted, %.2f measured (%+.1f%%, more than "
                  "10%%)" % (name, pred["state_mb"], meas["state_mb"], 100 * err))
+        step_errors.append(p["error"]["step"])
         print("%-16s %9.2f / %-9.2f %9.1f / %-7.1f (%+.0f%%)" %
               (name, pred["state_mb"], meas["state_mb"], pred["step_ms"], meas["step_ms"],
                100 * p["error"]["step"]))
     print("ok  model state per rank within 10%% of the measured high-water mark on %d layouts" %
           len(layouts))
+    # Step time: each layout's error is printed (docs/perf.md keeps several runs: on 2 shared
+    # cores one layout's measured median moves by 10-20% between runs); the typical error,
+    # the median over the layouts, must be within 20%.
+    typical = sorted(abs(e) for e in step_errors)[len(step_errors) // 2]
+    if os.environ.get("ASAN_OPTIONS"):  # a sanitizer's slowdown is not the product's timing
+        print("(step time under a sanitizer build: median error %.0f%%, not checked)" %
+              (100 * typical))
+    elif typical > 0.20:
+        fail("the median step-time error over the layouts is %.0f%% (target 20%%)" %
+             (100 * typical))
+    print("ok  step time: median error over the layouts %.0f%%, largest %.0f%%" %
+          (100 * typical, 100 * max(abs(e) for e in step_errors)))
     # `loom plan` lists layouts and writes one as a config that trains.
     cfg = os.path.join(WORK, "planned.toml")
     out = run([LOOM, "plan", "--model", "tiny", "--seq", "32", "-b", "8", "--per-node", "2",

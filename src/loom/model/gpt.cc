@@ -555,6 +555,15 @@ float Gpt::loss_forward(Activations& a) {
 
 // ---- the passes ----
 
+void Gpt::trace_unit(int u) {
+  const std::string what = unit_head_              ? "head"
+                           : u == 0                ? "embedding"
+                           : u == cfg_.n_layer + 1 ? "final norm"
+                                                   : "block " + std::to_string(u - 1);
+  Trace::get().add(what + " " + pass_, "unit", unit_t0_, Trace::now_us(), Trace::kCompute);
+  unit_t0_ = -1;
+}
+
 float Gpt::forward(const int* tokens, const int* targets, int B, int T) {
   return forward_units(acts_, 0, cfg_.n_layer + 1, tokens, targets, B, T, nullptr);
 }
@@ -574,6 +583,7 @@ float Gpt::forward_units(Activations& a, int first, int last, const int* tokens,
                         std::to_string(cfg_.block_size),
                     "lower train.seq_len or pick a model with a longer context");
   const bool with_loss = last == head && targets;
+  pass_ = "F";
   for (int i = 0; i < B * T; ++i)
     if ((first == 0 && (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size)) ||
         (with_loss && (targets[i] < 0 || targets[i] >= cfg_.vocab_size)))
@@ -607,7 +617,7 @@ float Gpt::forward_units(Activations& a, int first, int last, const int* tokens,
   done(head);
   // The tied head is column-parallel over the vocabulary: f before it.
   const float* x = gather_rows(a.lnf.data(), a.lnf_all.data());
-  use(0);
+  use(0, true);
   k::matmul_forward(gemm_, a.logits.data(), x, p(0, 0), nullptr, N_, C, Vl_);
   done(0);
   return with_loss ? loss_forward(a) : 0;
@@ -619,10 +629,11 @@ void Gpt::backward_units(Activations& a, float scale, const float* dout, Backwar
   const size_t rc = static_cast<size_t>(R_) * C;
   LOOM_CHECK_MSG(a.weights_pending == (part == BackwardPart::kWeight),
                  "backward parts out of order (B, then W; or BW)");
+  pass_ = whole ? "BW" : part == BackwardPart::kInput ? "B" : "W";
   if (part == BackwardPart::kWeight) {
     // The weight gradients in the order a whole backward computes them.
     if (a.last == head) {
-      use(0);
+      use(0, true);
       k::matmul_backward_weight(gemm_, g(0, 0), nullptr, a.logits.data(),
                                 sp_ ? a.lnf_all.data() : a.lnf.data(), N_, C, Vl_);
       done(0);
@@ -661,7 +672,7 @@ void Gpt::backward_units(Activations& a, float scale, const float* dout, Backwar
       vocab_parallel_cross_entropy_backward(a.logits.data(), dloss, a.targets.data(), N_,
                                             {vocab_begin_, Vl_, vocab_valid_});
     std::fill(d_lnf_.begin(), d_lnf_.end(), 0.0f);
-    use(0);
+    use(0, true);
     linear_backward(part, d_lnf_.data(), g(0, 0), nullptr, a.logits.data(),
                     sp_ ? a.lnf_all.data() : a.lnf.data(), p(0, 0), N_, C, Vl_, nullptr);
     done(0);

@@ -42,6 +42,7 @@
 #include "loom/core/state_memory.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/model/tp_comm.h"
+#include "loom/profile/trace.h"
 
 namespace loom::model {
 
@@ -234,16 +235,24 @@ class Gpt {
   const float* p(int unit, size_t offset) const { return unit_params_[unit] + offset; }
   float* p(int unit, size_t offset) { return unit_params_[unit] + offset; }
   float* g(int unit, size_t offset) { return unit_grads_[unit] + offset; }
-  void use(int u) {
+  // Around each use of a unit's parameters (`head`: unit 0 as the tied head): the hooks,
+  // and with the timeline on a span "block 3 F" (the unit, the pass) on the compute track.
+  void use(int u, bool head = false) {
     if (hooks_) hooks_->before_use(u);
+    if (Trace::on()) unit_t0_ = Trace::now_us(), unit_head_ = head;
   }
   void done(int u) {
+    if (unit_t0_ >= 0) trace_unit(u);
     if (hooks_) hooks_->after_use(u);
   }
+  void trace_unit(int u);
   void ready(int u) {
     if (hooks_) hooks_->grads_ready(u);
   }
 
+  double unit_t0_ = -1;  // the timeline: when the unit in use started, or -1
+  bool unit_head_ = false;
+  const char* pass_ = "F";
   GptConfig cfg_;
   TensorSplit split_;
   TpComm* tp_comm_ = nullptr;

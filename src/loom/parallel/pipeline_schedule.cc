@@ -244,9 +244,13 @@ double ScheduleTiming::bubble() const {
   return worst;
 }
 
-ScheduleTiming simulate_schedule(const std::vector<StageActions>& s, int P, int V) {
+ScheduleTiming simulate_schedule(const std::vector<StageActions>& s, int P, int V,
+                                 const std::vector<double>& forward_cost) {
   const int VS = P * V;
-  auto cost = [&](Pass pass) { return (pass == Pass::kBW ? 2.0 : 1.0) / V; };
+  LOOM_CHECK(forward_cost.empty() || static_cast<int>(forward_cost.size()) == VS);
+  auto cost = [&](Pass pass, int v) {
+    return (pass == Pass::kBW ? 2.0 : 1.0) * (forward_cost.empty() ? 1.0 / V : forward_cost[v]);
+  };
   // When each (pass, microbatch, virtual stage) finished; B and BW count as "backward".
   std::map<std::tuple<int, int, int>, double> done;
   auto pass_id = [](Pass p) { return p == Pass::kF ? 0 : p == Pass::kW ? 2 : 1; };
@@ -276,10 +280,10 @@ ScheduleTiming simulate_schedule(const std::vector<StageActions>& s, int P, int 
           ok = need(0, v) && (v + 1 >= VS || need(1, v + 1));
         if (a.pass == Pass::kW) ok = need(1, v);
         if (!ok) break;
-        const double end = ready + cost(a.pass);
+        const double end = ready + cost(a.pass, v);
         done[{pass_id(a.pass), a.microbatch, v}] = end;
         free_at[p] = end;
-        t.busy[p] += cost(a.pass);
+        t.busy[p] += cost(a.pass, v);
         if (a.pass == Pass::kF) t.peak_in_flight[p] = std::max(t.peak_in_flight[p], ++held[p]);
         if (a.pass == Pass::kBW || a.pass == Pass::kW) --held[p];
         ++next[p], --remaining, progress = true;

@@ -71,7 +71,8 @@ std::vector<StageActions> make_schedule(ScheduleKind kind, int P, int M, int V =
 std::string validate_schedule(const std::vector<StageActions>& s, int P, int M, int V);
 
 // The schedule run with unit costs (F = B = W = 1/V, BW = 2/V; transfers free; a stage waits
-// when its next action's input is not there yet).
+// when its next action's input is not there yet), or with `forward_cost[v]` per virtual
+// stage v = chunk * P + stage (B = W = F, BW = 2F) when given (the planner's seconds).
 struct ScheduleTiming {
   bool deadlock = false;            // some stage waits for an action that never runs
   double makespan = 0;              // the step
@@ -80,6 +81,7 @@ struct ScheduleTiming {
   // Idle over busy time, the largest over the stages ((P-1)/M for 1f1b).
   double bubble() const;
 };
-ScheduleTiming simulate_schedule(const std::vector<StageActions>& s, int P, int V);
+ScheduleTiming simulate_schedule(const std::vector<StageActions>& s, int P, int V,
+                                 const std::vector<double>& forward_cost = {});
 
 }  // namespace loom::parallel

@@ -1,10 +1,13 @@
 #include "loom/plan/calibrate.h"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "loom/comm/tuning.h"
@@ -38,11 +41,14 @@ double median_of(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-double step_seconds(const CpuShape& s, int layers, int repeats) {
-  model::GptConfig cfg = s.model;
-  cfg.n_layer = layers;
-  model::Gpt g(cfg, true, model::TensorSplit{s.tp, 0, s.sequence_parallel && s.tp > 1});
+// (one block, embedding + final norm + head): forward + backward of one microbatch, the
+// median of `repeats` after a warm-up. The block runs alone (Gpt::forward_units on unit 1);
+// the ends are a 1-block model's whole pass less that block.
+std::pair<double, double> step_seconds(const CpuShape& s, int repeats) {
   NoComm comm(s.tp);
+  model::GptConfig cfg = s.model;
+  cfg.n_layer = 1;
+  model::Gpt g(cfg, true, model::TensorSplit{s.tp, 0, s.sequence_parallel && s.tp > 1});
   if (s.tp > 1) g.set_tp_comm(&comm);
   g.set_recompute_every(s.recompute ? 1 : 0);
   g.set_precision(s.bf16 ? kernels::cpu::Precision::kBF16 : kernels::cpu::Precision::kF32);
@@ -50,24 +56,50 @@ double step_seconds(const CpuShape& s, int layers, int repeats) {
   const int n = s.micro_batch * s.seq;
   std::vector<int> x(n), y(n);
   for (int i = 0; i < n; ++i) x[i] = (i * 7919) % 50000, y[i] = (i * 104729 + 1) % 50000;
-  std::vector<double> times;
+  const size_t rc = static_cast<size_t>(g.rows(s.micro_batch, s.seq)) * s.model.n_embd;
+  std::vector<float> in(rc, 0.1f), dout(rc, 0.01f);
+  model::Activations a;
+  std::vector<double> block, whole;
   for (int r = 0; r <= repeats; ++r) {
-    const auto t0 = Clock::now();
+    auto t0 = Clock::now();
+    g.forward_units(a, 1, 1, nullptr, nullptr, s.micro_batch, s.seq, in.data());
+    g.backward_units(a, 1.0f, dout.data(), model::BackwardPart::kWhole);
+    auto t1 = Clock::now();
     g.zero_grad();
     g.forward(x.data(), y.data(), s.micro_batch, s.seq);
     g.backward(1.0f);
-    if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    auto t2 = Clock::now();
+    if (r > 0) {
+      block.push_back(std::chrono::duration<double>(t1 - t0).count());
+      whole.push_back(std::chrono::duration<double>(t2 - t1).count());
+    }
   }
-  return median_of(times);
+  const double b = median_of(block);
+  return {b, std::max(0.0, median_of(whole) - b)};
+}
+
+// (block, ends) seconds measured by `copies` threads at once; the slowest copy's.
+std::pair<double, double> block_and_ends(const CpuShape& shape, int copies, int repeats) {
+  std::vector<std::pair<double, double>> got(copies);
+  auto measure = [&](int i) {
+    omp_set_num_threads(shape.threads);
+    got[i] = step_seconds(shape, repeats);
+  };
+  std::vector<std::thread> threads;
+  for (int i = 1; i < copies; ++i) threads.emplace_back(measure, i);
+  measure(0);
+  for (auto& t : threads) t.join();
+  std::pair<double, double> worst = got[0];
+  for (const auto& [b, e] : got) worst = {std::max(worst.first, b), std::max(worst.second, e)};
+  return worst;
 }
 
 }  // namespace
 
-CpuCosts measure_cpu(const CpuShape& shape, int repeats) {
+CpuCosts measure_cpu(const CpuShape& shape, int ranks, int repeats) {
   CpuCosts c;
-  const double one = step_seconds(shape, 1, repeats), three = step_seconds(shape, 3, repeats);
-  c.block_s = std::max(0.0, (three - one) / 2);
-  c.ends_s = std::max(0.0, one - c.block_s);
+  std::tie(c.block_s, c.ends_s) = block_and_ends(shape, 1, repeats);
+  std::tie(c.block_busy_s, c.ends_busy_s) = block_and_ends(shape, std::max(ranks, 1), repeats);
   const size_t n = size_t{4} << 20;
   optim::AdamW adam({{0, n, true}}, 0, n);
   std::vector<float> p(n, 0.01f), g(n, 0.001f);

@@ -17,9 +17,12 @@ struct CpuShape {
   model::GptConfig model;
   int micro_batch = 1, seq = 64, tp = 1;
   bool recompute = false, sequence_parallel = false, bf16 = false;
+  int threads = 1;  // per rank
 };
 
-CpuCosts measure_cpu(const CpuShape& shape, int repeats = 3);
+// `ranks` = the ranks that share the machine: the busy costs run that many copies at once
+// (threads, each with `threads` OpenMP threads), the plain ones one copy alone.
+CpuCosts measure_cpu(const CpuShape& shape, int ranks, int repeats = 3);
 
 // The CPU as a device: fp32 (or bf16) GEMM peak measured on the calling thread team, the
 // machine's memory shared by `ranks_per_node`.

@@ -103,8 +103,7 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
     pieces = parallel::balance_stages(parallel::gpt_unit_costs(m.layers, m.hidden, m.vocab, m.seq),
                                       P, V);
   const auto kind = parallel::schedule_kind(P > 1 ? l.schedule : "1f1b");
-  parallel::ScheduleTiming timing;
-  if (P > 1) timing = parallel::simulate_schedule(parallel::make_schedule(kind, P, M, V), P, V);
+  parallel::ScheduleTiming timing;  // with the stages' costs (below)
 
   // Per-layer activations of one microbatch (bytes) and what a recomputed layer keeps.
   double layer_act, layer_kept, head_act;
@@ -125,7 +124,7 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
 
   // Per stage: parameters held, layers, head; the fullest stage sets memory, the slowest
   // the pipeline's pace.
-  double worst_mem = -1, worst_stage_s = 0;
+  double worst_mem = -1;
   std::vector<double> stage_params(P, 0.0);
   std::vector<int> stage_layers(P, 0);
   std::vector<bool> stage_head(P, false), stage_embed(P, false);
@@ -143,51 +142,90 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   for (int st = 0; st < P; ++st)
     if (stage_head[st] && !stage_embed[st]) stage_params[st] += units[0];
 
-  // Compute of one microbatch through a stage.
+  // Compute of one microbatch through a run of units: GPUs by FLOPs and bytes; the CPU by
+  // the measured block and embedding + head, between their alone and all-ranks-busy costs
+  // by `share` (how busy the other ranks are meanwhile).
   const double gemm_rate = d.peak_tflops * 1e12 * d.gemm_efficiency;
-  auto layer_s = [&]() {
-    if (d.cpu) return cpu->block_s;
+  auto mix = [](double alone, double busy, double share) { return alone + (busy - alone) * share; };
+  auto layer_s = [&](double share) {
+    if (d.cpu) return mix(cpu->block_s, cpu->block_busy_s, share);
     const double flops = (24 * b * s * h * h + 4 * b * s * s * h) / t;
     const double f = flops / gemm_rate + 2 * layer_act / (d.hbm_gbps * 1e9);
     return f * (l.recompute ? 4 : 3);  // F, B = 2F, and F again when recomputed
   };
-  auto head_s = [&]() {
-    if (d.cpu) return cpu->ends_s;
+  auto head_s = [&](double share) {
+    if (d.cpu) return mix(cpu->ends_s, cpu->ends_busy_s, share);
     return 3 * 2 * b * s * h * m.vocab / t / gemm_rate + 3 * head_act / (d.hbm_gbps * 1e9);
   };
   // Tensor-parallel collectives per layer and microbatch: 2 allreduces of (b,s,h) forward,
   // 2 backward, 2 more in a recomputed forward (with sequence parallelism the allgathers
-  // and reduce-scatters move the same bytes).
+  // and reduce-scatters move the same bytes); the embedding's and head's, and the
+  // vocab-parallel loss's 3 allreduces of (b,s) floats.
   const double value_bytes = d.cpu ? 4 : 2;
   const double act_msg = b * s * h * value_bytes;
-  auto tp_layer_s = [&]() {
-    const int n_ar = l.recompute ? 6 : 4;
-    if (d.cpu) return n_ar * ring_s(act_msg, t, 2, cpu->shm_gbps, cpu->shm_alpha_us);
-    return n_ar * ring_s(act_msg, t, 2, d.intra_gbps);
-  };
+  const double tp_layer =
+      (l.recompute ? 6 : 4) * (d.cpu ? ring_s(act_msg, t, 2, cpu->shm_gbps, cpu->shm_alpha_us)
+                                     : ring_s(act_msg, t, 2, d.intra_gbps));
   const double tp_ends = d.cpu ? 2 * ring_s(act_msg, t, 2, cpu->shm_gbps, cpu->shm_alpha_us) +
                                      3 * ring_s(4 * b * s, t, 2, cpu->shm_gbps, cpu->shm_alpha_us)
                                : 2 * ring_s(act_msg, t, 2, d.intra_gbps);
-  std::vector<double> stage_s(P);
-  double tp_per_mb = 0;
-  for (int st = 0; st < P; ++st) {
-    stage_s[st] = stage_layers[st] * layer_s() + (stage_head[st] ? head_s() : 0);
-    const double tp_s = stage_layers[st] * tp_layer_s() + (stage_head[st] ? tp_ends : 0);
-    if (stage_s[st] + tp_s > worst_stage_s) worst_stage_s = stage_s[st] + tp_s, tp_per_mb = tp_s;
-  }
-  const double stage_compute = worst_stage_s - tp_per_mb;
+  // Per virtual stage (piece k runs on stage k % P): its compute and communication.
+  const int VS = static_cast<int>(pieces.size());
+  std::vector<int> piece_layers(VS, 0);
+  std::vector<bool> piece_head(VS, false);
+  for (int k = 0; k < VS; ++k)
+    for (int u = pieces[k].first; u <= pieces[k].last; ++u) {
+      if (u >= 1 && u <= m.layers) ++piece_layers[k];
+      if (u == nu - 1) piece_head[k] = true;
+    }
+  std::vector<double> share(P, 1.0);  // a lone stage: every rank busy (dp, tp)
+  std::vector<double> comp(P), comm(P);
+  auto stage_times = [&]() {
+    std::fill(comp.begin(), comp.end(), 0.0), std::fill(comm.begin(), comm.end(), 0.0);
+    std::vector<double> fwd(VS);
+    for (int k = 0; k < VS; ++k) {
+      const int st = k % P;
+      const double c =
+          piece_layers[k] * layer_s(share[st]) + (piece_head[k] ? head_s(share[st]) : 0);
+      const double x = piece_layers[k] * tp_layer + (piece_head[k] ? tp_ends : 0);
+      comp[st] += c, comm[st] += x;
+      fwd[k] = (c + x) / 3;  // F : BW = 1 : 2
+    }
+    return fwd;
+  };
+  std::vector<double> fwd = stage_times();
+  auto slowest = [&]() {
+    int w = 0;
+    for (int st = 1; st < P; ++st)
+      if (comp[st] + comm[st] > comp[w] + comm[w]) w = st;
+    return w;
+  };
   if (P > 1) {
-    const double pipe = timing.makespan / 3.0 * worst_stage_s;  // unit costs: F 1, BW 2
-    p.compute = M * stage_compute;
-    p.tp_comm = M * tp_per_mb;
-    p.bubble = std::max(0.0, pipe - M * worst_stage_s);
+    // Run the schedule with these costs; then each stage's cost from how busy the others
+    // were (on the CPU), and run it again.
+    const auto actions = parallel::make_schedule(kind, P, M, V);
+    timing = parallel::simulate_schedule(actions, P, V, fwd);
+    if (d.cpu) {
+      for (int st = 0; st < P; ++st) {
+        double others = 0;
+        for (int q = 0; q < P; ++q)
+          if (q != st) others += timing.busy[q] / timing.makespan;
+        share[st] = others / (P - 1);
+      }
+      fwd = stage_times();
+      timing = parallel::simulate_schedule(actions, P, V, fwd);
+    }
+    const int w = slowest();
+    p.compute = M * comp[w];
+    p.tp_comm = M * comm[w];
+    p.bubble = std::max(0.0, timing.makespan - M * (comp[w] + comm[w]));
     const bool cross = t * P > c.per_node;  // stages on other machines (tp fastest, then pp)
     const double link = d.cpu ? cpu->shm_gbps : (cross ? d.inter_gbps : d.intra_gbps);
     const double msg = act_msg / (l.sequence_parallel ? t : 1);
     p.pp_comm = M * 2 * msg / (link * 1e9) * V;
   } else {
-    p.compute = M * stage_compute;
-    p.tp_comm = M * tp_per_mb;
+    p.compute = M * comp[0];
+    p.tp_comm = M * comm[0];
   }
 
   // Memory and data-parallel traffic of the fullest stage.
@@ -222,8 +260,16 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   }
   // Data-parallel synchronisation of the largest stage's gradients (not overlapped with
   // the backward: loom and Megatron-LM of 2021 reduce after it); ZeRO-1/2 then gather the
-  // updated parameters, ZeRO-3 gathers each unit in forward and backward of every microbatch.
+  // updated parameters. ZeRO-3 gathers a unit at each use, in every microbatch's forward and
+  // backward — the tied embedding twice each on a stage that also runs the head — and
+  // reduce-scatters its gradient.
   double psi_max = *std::max_element(stage_params.begin(), stage_params.end());
+  double z3_params = 0;  // parameters moved per microbatch, the busiest stage
+  for (int st = 0; st < P; ++st) {
+    double moved = 3 * stage_params[st];
+    if (stage_head[st] && stage_embed[st]) moved += 2 * units[0];
+    z3_params = std::max(z3_params, moved);
+  }
   const double gbytes = psi_max * value_bytes;
   const bool cross = c.nodes > 1;
   const double link = d.cpu ? cpu->shm_gbps : (cross ? d.inter_gbps : d.intra_gbps);
@@ -240,7 +286,7 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
         p.dp_comm = ring_s(gbytes, S, 2, link, alpha);
         break;
       default:
-        p.dp_comm = M * ring_s(gbytes, S, 3, link, alpha);
+        p.dp_comm = M * ring_s(z3_params * value_bytes, S, 1, link, alpha);
         break;
     }
   }

@@ -70,6 +70,10 @@ struct Layout {
 struct CpuCosts {
   double block_s = 0;  // one block's forward + backward, one microbatch, this tp split
   double ends_s = 0;   // embedding + final norm + head (forward + backward)
+  // The same with every rank of the machine computing at once (ranks share the cores'
+  // caches and memory bandwidth): what data and tensor parallelism see; a pipeline stage
+  // sees between the two, by how busy the other stages are.
+  double block_busy_s = 0, ends_busy_s = 0;
   double adamw_params_per_s = 0;
   double shm_alpha_us = 0, shm_gbps = 0;  // the tuning table's shared-memory link
 };

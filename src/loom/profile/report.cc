@@ -259,7 +259,7 @@ std::string write_report(const ReportOptions& opt) {
       {"breakdown", "Time per step by kind (mean over ranks, ms)"},
       {"commshare", "Exposed communication per rank (median % of step)"},
       {"memory", "Memory per rank at the last step (MiB)"},
-      {"cpu", "System: CPU busy per core (%) and process RSS (MiB)"},
+      {"cpu", "System: CPU (and GPU) busy per core (%), process RSS (MiB / 100)"},
       {"io", "System: disk and network (MB/s)"},
       {"timeline", "Timeline of one step"},
   };

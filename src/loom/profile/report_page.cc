@@ -86,8 +86,8 @@ const char* const kReportJs = R"js(
       const y = y0 + (y1 - y0) * i / 4;
       el('line', {x1: ML, x2: W - MR, y1: sy(y), y2: sy(y), class: 'gridline'}, svg);
       el('text', {x: ML - 4, y: sy(y) + 3, 'text-anchor': 'end'}, svg, fmt(y));
-      const x = x0 + (x1 - x0) * i / 4;  // steps are whole numbers
-      const whole = Number.isInteger(x0) && Number.isInteger(x1) && x1 - x0 >= 4;
+      const x = x0 + (x1 - x0) * i / 4;  // whole numbers on wide axes (steps, seconds)
+      const whole = x1 - x0 >= 8;
       el('text', {x: sx(x), y: h - MB + 14, 'text-anchor': 'middle'}, svg,
          whole ? String(Math.round(x)) : fmt(x));
     }
@@ -233,6 +233,10 @@ const char* const kReportJs = R"js(
     const cores = S[0].cpu_busy.length, series = [];
     for (let c = 0; c < cores; ++c)
       series.push({name: 'cpu' + c + ' %', pts: S.map(function (s) { return [s.t_s, 100 * s.cpu_busy[c]]; })});
+    (S[S.length - 1].gpus || []).forEach(function (g, k) {
+      series.push({name: 'gpu' + g.index + ' %', pts: S.filter(function (s) { return s.gpus && s.gpus[k]; })
+          .map(function (s) { return [s.t_s, s.gpus[k].util_pct]; })});
+    });
     lines('cpu', series.concat([{name: 'RSS MiB / 100', pts: S.map(function (s) { return [s.t_s, s.rss_mb / 100]; })}]));
     const io = [{name: 'disk read', pts: S.map(function (s) { return [s.t_s, s.disk_read_mbps]; })},
                 {name: 'disk write', pts: S.map(function (s) { return [s.t_s, s.disk_write_mbps]; })}];

@@ -96,7 +96,17 @@ std::string SystemSample::json() const {
       << "]";
     first = false;
   }
-  o << "}}";
+  o << "}";
+  if (!gpus.empty()) {
+    o << ", \"gpus\": [";
+    for (size_t i = 0; i < gpus.size(); ++i)
+      o << (i ? ", " : "") << "{\"index\": " << gpus[i].index
+        << ", \"util_pct\": " << num(gpus[i].util_pct)
+        << ", \"mem_used_mb\": " << num(gpus[i].mem_used_mb)
+        << ", \"mem_total_mb\": " << num(gpus[i].mem_total_mb) << "}";
+    o << "]";
+  }
+  o << "}";
   return o.str();
 }
 
@@ -147,6 +157,7 @@ void SystemSampler::loop() {
     s.disk_read_mbps = (c.disk_read - last.disk_read) / mb / dt;
     s.disk_write_mbps = (c.disk_write - last.disk_write) / mb / dt;
     s.ctxt_per_s = (c.ctxt - last.ctxt) / dt;
+    s.gpus = sample_gpus();
     for (const auto& [dev, rt] : c.net) {
       auto it = last.net.find(dev);
       if (it == last.net.end()) continue;
@@ -160,7 +171,11 @@ void SystemSampler::loop() {
       for (double b : s.cpu_busy) busy += b;
       std::ostringstream args;
       args << "{\"cpu_busy_cores\": " << busy << ", \"rss_mb\": " << s.rss_mb
-           << ", \"disk_mbps\": " << s.disk_read_mbps + s.disk_write_mbps << "}";
+           << ", \"disk_mbps\": " << s.disk_read_mbps + s.disk_write_mbps;
+      for (const GpuSample& g : s.gpus)
+        args << ", \"gpu" << g.index << "_util_pct\": " << g.util_pct << ", \"gpu" << g.index
+             << "_mem_mb\": " << g.mem_used_mb;
+      args << "}";
       Trace::get().add_counter("system", c.t * 1e6, args.str());
     }
     {

@@ -4,8 +4,9 @@
 // file (system.jsonl); the latest sample is there for other sinks (TensorBoard) and, with
 // the timeline on, every sample becomes counter events ("ph": "C") of the trace.
 //
+// GPUs: utilisation and memory through NVML when the driver's library is there (nvml.h).
 // Not sampled: memory bandwidth (needs the PMU, which this VM does not expose to
-// perf_event_open) and GPUs (NVML, when a GPU exists).
+// perf_event_open).
 #pragma once
 
 #include <atomic>
@@ -18,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "loom/profile/nvml.h"
+
 namespace loom::profile {
 
 struct SystemSample {
@@ -28,6 +31,7 @@ struct SystemSample {
   double disk_read_mbps = 0, disk_write_mbps = 0;             // whole disks of the machine
   std::map<std::string, std::pair<double, double>> net_mbps;  // interface: rx, tx
   double ctxt_per_s = 0;                                      // machine-wide context switches
+  std::vector<GpuSample> gpus;                                // NVML's, when there are GPUs
   std::string json() const;
 };
 

@@ -3,8 +3,8 @@
 // microseconds). Off by default; when off a span costs one relaxed atomic load.
 //
 // Timestamps are CLOCK_MONOTONIC (steady_clock), shared by the processes of one machine;
-// merging ranks of several machines subtracts each rank's offset to rank 0, measured at a
-// barrier (train/trainer.cc).
+// merging ranks of several machines subtracts each rank's offset to rank 0's clock,
+// measured by ping-pong (train/trainer.cc, write_trace).
 #pragma once
 
 #include <atomic>

@@ -99,6 +99,7 @@ class Trainer {
   std::vector<double> world_gather(const std::vector<double>& v);
   void barrier();
   void plan_check();
+  std::pair<double, double> clock_offset_us();
 
   TrainConfig cfg_;
   TrainOptions opt_;
@@ -215,21 +216,65 @@ void Trainer::save(int64_t next_step) {
   ckpt::save(so, pieces, meta);
 }
 
+// This boot of this machine (/proc/sys/kernel/random/boot_id), as 32 bits a double holds.
+double boot_id_hash() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(f, id);
+  return static_cast<double>(std::hash<std::string>{}(id)&0xffffffffu);
+}
+
+// This rank's CLOCK_MONOTONIC minus rank 0's, in microseconds, and the round trip it was
+// measured with (Cristian's algorithm: 8 ping-pongs with rank 0, the shortest round trip's
+// midpoint against rank 0's reply time; error at most half that round trip). Every rank
+// takes part, rank 0 serving the others in turn.
+std::pair<double, double> Trainer::clock_offset_us() {
+  if (!groups_.world) return {0, 0};
+  constexpr int kRounds = 8;
+  double best_rtt = 1e300, offset = 0, t = 0;
+  if (rank_ == 0) {
+    for (int r = 1; r < world_; ++r)
+      for (int i = 0; i < kRounds; ++i) {
+        groups_.world->recv(&t, 1, DType::kF64, r);
+        t = Trace::now_us();
+        groups_.world->send(&t, 1, DType::kF64, r);
+      }
+    return {0, 0};
+  }
+  for (int i = 0; i < kRounds; ++i) {
+    const double t1 = Trace::now_us();
+    groups_.world->send(&t1, 1, DType::kF64, 0);
+    groups_.world->recv(&t, 1, DType::kF64, 0);
+    const double t2 = Trace::now_us();
+    if (t2 - t1 < best_rtt) best_rtt = t2 - t1, offset = (t1 + t2) / 2 - t;
+  }
+  return {offset, best_rtt};
+}
+
 // train.profile: each rank writes its spans (trace/rank-R.json), then rank 0 merges them
 // into run.dir/trace.json: processes = ranks, threads = compute and one track per
-// communicator. The ranks of one machine share CLOCK_MONOTONIC, so their spans align as
-// recorded (several machines need an offset per rank: not built yet).
+// communicator. Each rank's times are moved onto rank 0's clock by the measured offset
+// (about 0 for ranks of one machine, which share CLOCK_MONOTONIC; machines' clocks differ).
 void Trainer::write_trace() {
   if (!cfg_.profile) return;
   sampler_.reset();  // its last sample is in system.jsonl and the trace both, or in neither
   Trace::get().enable(false);
   const auto events = Trace::get().take();
+  // Ranks of rank 0's machine (same boot id, whatever the network namespace) share its
+  // clock exactly: their measured offset is recorded, not applied.
+  const auto [measured_us, rtt_us] = clock_offset_us();
+  const auto boot = world_gather({boot_id_hash()});
+  const double offset_us = boot[static_cast<size_t>(rank_)] == boot[0] ? 0.0 : measured_us;
   nlohmann::json out = nlohmann::json::array();
   out.push_back({{"ph", "M"},
                  {"name", "process_name"},
                  {"pid", rank_},
                  {"tid", 0},
-                 {"args", {{"name", "rank " + std::to_string(rank_)}}}});
+                 {"args",
+                  {{"name", "rank " + std::to_string(rank_)},
+                   {"clock_offset_us", offset_us},
+                   {"clock_measured_us", measured_us},
+                   {"clock_rtt_us", rtt_us}}}});
   out.push_back({{"ph", "M"},
                  {"name", "process_sort_index"},
                  {"pid", rank_},
@@ -252,7 +297,7 @@ void Trainer::write_trace() {
                         {"cat", e.cat},
                         {"pid", rank_},
                         {"tid", e.tid},
-                        {"ts", e.ts_us}};
+                        {"ts", e.ts_us - offset_us}};
     if (e.ph == 'X') j["dur"] = e.dur_us;
     if (!e.args.empty()) j["args"] = nlohmann::json::parse(e.args);
     out.push_back(std::move(j));
@@ -475,6 +520,10 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
     scalars.push_back({"system/ctxt_per_s", s.ctxt_per_s});
     for (const auto& [dev, rt] : s.net_mbps)
       scalars.push_back({"system/net_mbps/" + dev, rt.first + rt.second});
+    for (const auto& g : s.gpus) {
+      scalars.push_back({"system/gpu" + std::to_string(g.index) + "/util_pct", g.util_pct});
+      scalars.push_back({"system/gpu" + std::to_string(g.index) + "/mem_used_mb", g.mem_used_mb});
+    }
   }
   tb_->scalars(step + 1, scalars);
   if (!opt_.quiet && ((step + 1) % cfg_.log_every == 0 || step + 1 == cfg_.steps)) {
@@ -698,24 +747,35 @@ int Trainer::run() {
 
 // --plan: the planner's prediction for this very layout (plan/planner.h), next to what the
 // run measured: the model-state high-water mark (the largest over the ranks) and the median
-// step time (the first step, which allocates and warms up, left out). The CPU costs are
-// measured now by every rank at once, as the ranks share the machine while training, and
-// the slowest rank's are used.
+// step time (the first step, which allocates and warms up, left out). Rank 0 measures the
+// CPU costs once the other ranks are done: alone, and with as many copies as ranks at once.
 void Trainer::plan_check() {
   barrier();
+  // The shared-memory link as this job's ranks see it: a few allreduces of the gradients'
+  // size (8 MiB at most), bus bandwidth = 2(n-1)/n of the bytes over the median time.
+  double link_gbps = 0;
+  if (groups_.world) {
+    const size_t n = std::min<size_t>(model_->num_params(), size_t{2} << 20);
+    std::vector<float> buf(n, 1.0f);
+    std::vector<double> times;
+    for (int i = 0; i < 6; ++i) {
+      const auto t0 = Clock::now();
+      groups_.world->allreduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum);
+      if (i > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    link_gbps = 2.0 * (world_ - 1) / world_ * n * 4 / times[times.size() / 2] / 1e9;
+  }
+  if (rank_ != 0) return;
   const bool bf16 = cfg_.dtype == "bf16";
   const int T = static_cast<int>(cfg_.seq_len);
   const bool recompute = cfg_.recompute_every() == 1;
   const int t = mesh_->tp();
-  plan::CpuCosts k = plan::measure_cpu({model_cfg_, static_cast<int>(cfg_.micro_batch), T, t,
-                                        recompute, cfg_.sequence_parallel && t > 1, bf16});
-  const auto all = world_gather({k.block_s, k.ends_s, k.adamw_params_per_s});
-  for (int q = 0; q < world_; ++q) {
-    k.block_s = std::max(k.block_s, all[3 * q]);
-    k.ends_s = std::max(k.ends_s, all[3 * q + 1]);
-    k.adamw_params_per_s = std::min(k.adamw_params_per_s, all[3 * q + 2]);
-  }
-  if (rank_ != 0) return;
+  plan::CpuCosts k =
+      plan::measure_cpu({model_cfg_, static_cast<int>(cfg_.micro_batch), T, t, recompute,
+                         cfg_.sequence_parallel && t > 1, bf16, omp_get_max_threads()},
+                        world_, 5);
+  if (link_gbps > 0) k.shm_gbps = link_gbps;
   plan::Layout l;
   l.dp = mesh_->dp(), l.tp = mesh_->tp(), l.pp = mesh_->pp(), l.zero = static_cast<int>(cfg_.zero);
   l.micro_batch = static_cast<int>(cfg_.micro_batch);
@@ -750,8 +810,12 @@ void Trainer::plan_check() {
           {"pp_comm", p.pp_comm * 1e3},
           {"dp_comm", p.dp_comm * 1e3},
           {"optimizer", p.optimizer_s * 1e3}}},
-        {"measured_costs_ms",
-         {{"block", k.block_s * 1e3}, {"embedding_and_head", k.ends_s * 1e3}}}}},
+        {"measured_costs",
+         {{"block_ms", k.block_s * 1e3},
+          {"embedding_and_head_ms", k.ends_s * 1e3},
+          {"block_busy_ms", k.block_busy_s * 1e3},
+          {"embedding_and_head_busy_ms", k.ends_busy_s * 1e3},
+          {"link_gbps", k.shm_gbps}}}}},
       {"measured",
        {{"state_mb", state_peak_max_ / mib},
         {"activation_mb", act_peak_max_ / mib},

@@ -5,14 +5,22 @@
 #include <chrono>
 #include <dnnl.hpp>
 #include <map>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "loom/core/check.h"
 #include "loom/core/dtype.h"
+#include "loom/core/tunable.h"
+#include "loom/profile/trace.h"
 
 namespace loom::kernels::cpu {
 
 namespace {
+
+const DoubleTunable kTraceGemmMflop("LOOM_TRACE_GEMM_MFLOP", 50.0,
+                                    "the timeline shows matrix products of at least this many "
+                                    "MFLOP (train.profile)");
 using dnnl::memory;
 
 // Elements from the view's first to its last one, inclusive (strides are non-negative).
@@ -35,13 +43,38 @@ void to_bf16(std::vector<uint16_t>& out, const float* in, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(in[i]);
 }
+// Operands rounded to bf16 and kept as floats: what a bf16 product reads, for the fp32
+// primitive (CPUs without bf16 instructions).
+void round_bf16(std::vector<float>& out, const float* in, int64_t n) {
+  if (static_cast<int64_t>(out.size()) < n) out.resize(n);
+  float* o = out.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_f32(f32_to_bf16(in[i]));
+}
+
 }  // namespace
+
+bool native_bf16() {
+  static const bool ok = [] {
+    try {
+      dnnl::engine e(dnnl::engine::kind::cpu, 0);
+      const memory::desc d({2, 2}, memory::data_type::bf16, memory::format_tag::ab);
+      const memory::desc f({2, 2}, memory::data_type::f32, memory::format_tag::ab);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(d, d, f), e);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
 
 struct Gemm::Impl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<std::array<int64_t, 20>, dnnl::matmul> cache;
   std::vector<uint16_t> a16, b16;
+  std::vector<float> a32, b32;  // rounded operands (bf16 without native support)
 };
 
 Gemm::Gemm(Precision precision) : impl_(std::make_unique<Impl>()), precision_(precision) {}
@@ -51,7 +84,19 @@ void Gemm::run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, flo
                bool accumulate, bool allow_bf16) {
   if (s.M == 0 || s.N == 0 || s.batch0 == 0 || s.batch1 == 0) return;
   LOOM_CHECK_LT(0, s.K);
-  const bool bf16 = allow_bf16 && precision_ == Precision::kBF16;
+  // The timeline shows products of at least LOOM_TRACE_GEMM_MFLOP (their name the shape).
+  std::optional<TraceSpan> trace;
+  if (Trace::on()) {
+    const double flops = 2.0 * s.M * s.N * s.K * s.batch0 * s.batch1;
+    if (flops >= kTraceGemmMflop.get() * 1e6)
+      trace.emplace("gemm " + std::to_string(s.batch0 * s.batch1) + "x" + std::to_string(s.M) +
+                        "x" + std::to_string(s.N) + "x" + std::to_string(s.K),
+                    "kernel", Trace::kCompute);
+  }
+  // bf16: the library's bf16 product where the CPU has one; otherwise the same numbers (bf16
+  // operands, fp32 accumulation) from the fp32 product over operands rounded to bf16.
+  const bool rounded = allow_bf16 && precision_ == Precision::kBF16;
+  const bool bf16 = rounded && native_bf16();
   const memory::data_type in_t = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   memory::desc ad = describe(s, a, s.M, s.K, in_t), bd = describe(s, b, s.K, s.N, in_t),
                cd = describe(s, c, s.M, s.N, memory::data_type::f32);
@@ -80,6 +125,11 @@ void Gemm::run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, flo
     to_bf16(impl_->b16, b.data, span(s, b, s.K, s.N));
     ap = impl_->a16.data();
     bp = impl_->b16.data();
+  } else if (rounded) {
+    round_bf16(impl_->a32, a.data, span(s, a, s.M, s.K));
+    round_bf16(impl_->b32, b.data, span(s, b, s.K, s.N));
+    ap = impl_->a32.data();
+    bp = impl_->b32.data();
   }
   memory am(ad, impl_->engine, ap), bm(bd, impl_->engine, bp),
       cm(cd, impl_->engine, const_cast<float*>(c.data));

@@ -52,6 +52,11 @@ class Gemm {
   Precision precision_;
 };
 
+// Whether oneDNN has a bf16 matrix product on this CPU (AVX-512 BF16, AMX, or AVX-512 core
+// emulation). Without it Precision::kBF16 rounds the operands to bf16 and runs the fp32
+// product: the same numbers (bf16 operands, fp32 accumulation), none of the speed.
+bool native_bf16();
+
 // The MFU denominator: the best of 10 square 1024^3 products in `p` on the calling thread
 // team (the library's best case at this machine's clocks and this process's threads).
 double measure_peak_gflops(Precision p);
