@@ -119,6 +119,10 @@ def check_trace(d, want_names):
         a = e["args"]
         if a["bytes"] <= 0 and e["name"] not in ("barrier",):
             fail("collective without bytes: %s" % e)
+        if not a.get("algo") or (e["name"] == "send/recv") != (a.get("direction") in
+                                                               ("send", "recv")):
+            fail("a communication span without its algorithm, or send/recv without its "
+                 "peer and direction: %s" % e)
         seqs.setdefault((e["pid"], a["comm"], e["name"] in ("send/recv",)), []).append(a["seq"])
     for (pid, c, p2p), s in seqs.items():
         if not p2p and sorted(s) != list(range(min(s), max(s) + 1)):

@@ -351,11 +351,12 @@ WorkPtr Communicator::submit(Op op, bool blocking) {
   else
     op.seq = next_seq_++;
   const size_t bytes = op.fp.count * dtype_size(op.fp.dtype);
+  const int peer = op.p2p_peer >= 0 ? world_ranks_[op.p2p_peer] : -1;
   if (blocking && queue_.empty() && !running_) {
     // The latency path: run on the caller's thread.
     running_ = true;
     lock.unlock();
-    op.record = FlightRecorder::get().queued(name_, op.seq, op.fp, bytes, true);
+    op.record = FlightRecorder::get().queued(name_, op.seq, op.fp, bytes, true, peer, op.p2p_send);
     std::exception_ptr err;
     try {
       run(op, true);
@@ -370,7 +371,7 @@ WorkPtr Communicator::submit(Op op, bool blocking) {
     if (err) std::rethrow_exception(err);
     return work;
   }
-  op.record = FlightRecorder::get().queued(name_, op.seq, op.fp, bytes);
+  op.record = FlightRecorder::get().queued(name_, op.seq, op.fp, bytes, false, peer, op.p2p_send);
   queue_.push_back(std::move(op));
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   lock.unlock();

@@ -243,10 +243,12 @@ double FlightRecorder::now_s() {
 }
 
 uint64_t FlightRecorder::queued(std::shared_ptr<const std::string> comm, uint64_t seq,
-                                const Fingerprint& fp, size_t bytes, bool running) {
+                                const Fingerprint& fp, size_t bytes, bool running, int peer,
+                                bool send) {
   if (capacity_ == 0) return 0;
   FlightEntry e;
   e.comm = std::move(comm), e.seq = seq, e.fp = fp, e.bytes = bytes, e.queued_s = now_s();
+  e.peer = peer, e.send = send;
   if (running) e.state = OpState::kRunning, e.started_s = e.queued_s;
   std::lock_guard<std::mutex> lock(mu_);
   e.id = next_id_++;
@@ -290,8 +292,10 @@ void FlightRecorder::trace(const FlightEntry& e) {
                          {"bytes", e.bytes},
                          {"seq", e.seq},
                          {"comm", comm},
+                         {"algo", algo_name(e.fp.algo)},
                          {"queued_us", (e.started_s - e.queued_s) * 1e6},
                          {"ok", e.state == OpState::kDone}};
+  if (e.peer >= 0) args["peer"] = e.peer, args["direction"] = e.send ? "send" : "recv";
   int tid;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -39,6 +39,8 @@ struct FlightEntry {
   uint64_t seq = 0;  // the communicator's sequence number (per peer for send/recv)
   Fingerprint fp;    // the operation (formatted only when shown: recording stays cheap)
   size_t bytes = 0;
+  int peer = -1;      // send/recv: the other side's world rank
+  bool send = false;  // send/recv: this side sends
   OpState state = OpState::kQueued;
   double queued_s = 0, started_s = -1, ended_s = -1;  // process clock (FlightRecorder::now_s)
   std::vector<int> waiting_for;                       // world ranks, while blocked
@@ -52,7 +54,7 @@ class FlightRecorder {
   // A new entry, queued (or already running: an operation run at once on the caller's
   // thread records one state change less).
   uint64_t queued(std::shared_ptr<const std::string> comm, uint64_t seq, const Fingerprint& fp,
-                  size_t bytes, bool running = false);
+                  size_t bytes, bool running = false, int peer = -1, bool send = false);
   void started(uint64_t id);
   void finished(uint64_t id, bool ok);
   void waiting(uint64_t id, std::vector<int> world_ranks);
