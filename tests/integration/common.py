@@ -144,7 +144,8 @@ class Trainer:
                 "--set", "train.steps=%d" % steps, "--set", "train.global_batch=8",
                 "--set", "train.micro_batch=2", "--set", "train.seq_len=32",
                 "--set", "optim.lr=3e-3", "--set", "optim.warmup_steps=5",
-                "--set", "metrics.peak_gflops=100", "--quiet", *extra]
+                "--set", "metrics.peak_gflops=100", "--set", "train.dtype=fp32", "--quiet",
+                *extra]
 
     def launch(self, n, run_dir, *extra, steps=20):
         """The command line of n ranks training into run_dir."""

@@ -120,6 +120,19 @@ TEST(Config, BatchArithmetic) {
   EXPECT_NE(error_of([&] { f.resolve_batch(2); }).find("needs grad_accum 4"), std::string::npos);
 }
 
+TEST(Config, AutoDtypePicksTheFasterPrecision) {
+  // An AVX2-only CPU (bf16 emulated, slower), an AVX-512 BF16 one (bf16 about twice fp32),
+  // and a Xeon whose bf16 products ran at half the fp32 rate (issue 15).
+  EXPECT_EQ(TrainConfig::resolve_dtype("auto", 90, 70), "fp32");
+  EXPECT_EQ(TrainConfig::resolve_dtype("auto", 150, 290), "bf16");
+  EXPECT_EQ(TrainConfig::resolve_dtype("auto", 310, 165), "fp32");
+  EXPECT_EQ(TrainConfig::resolve_dtype("auto", 100, 105), "fp32");  // within noise: fp32's numbers
+  EXPECT_EQ(TrainConfig::resolve_dtype("auto", 100, 300, false), "fp32");  // bf16 only emulated
+  EXPECT_EQ(TrainConfig::resolve_dtype("bf16", 310, 165), "bf16");  // explicit: kept (warned)
+  EXPECT_EQ(TrainConfig::resolve_dtype("fp32", 150, 290), "fp32");
+  EXPECT_EQ(TrainConfig().dtype, "auto");
+}
+
 TEST(Schedule, WarmupThenCosineToTheFloor) {
   TrainConfig c;
   c.steps = 110, c.warmup_steps = 10, c.min_lr_ratio = 0.1;

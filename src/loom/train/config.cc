@@ -50,7 +50,7 @@ std::vector<Field> fields_of(TrainConfig& c) {
       {"train.seed", &c.seed, [&] { return at_least(c.seed, 0); }},
       {"train.dtype", &c.dtype,
        [&] {
-         return one_of(c.dtype, {"fp32", "bf16"});
+         return one_of(c.dtype, {"auto", "fp32", "bf16"});
        }},
       {"train.threads", &c.threads, [&] { return at_least(c.threads, 0); }},
       {"train.recompute", &c.recompute,
@@ -303,6 +303,12 @@ void TrainConfig::resolve_batch(int dp_size) {
                         std::to_string(derived) + ")",
                     "set only one of train.global_batch and train.grad_accum");
   grad_accum = derived;
+}
+
+std::string TrainConfig::resolve_dtype(const std::string& requested, double fp32_gflops,
+                                       double bf16_gflops, bool native_bf16) {
+  if (requested != "auto") return requested;
+  return native_bf16 && bf16_gflops >= 1.1 * fp32_gflops ? "bf16" : "fp32";
 }
 
 int TrainConfig::recompute_every() const {

@@ -31,8 +31,8 @@ struct TrainConfig {
   int64_t grad_accum = 0;    // 0: derived from global_batch
   int64_t global_batch = 0;  // 0: derived from grad_accum (default 1)
   int64_t seed = 1337;
-  std::string dtype = "fp32";         // fp32 | bf16 (bf16 products, fp32 master weights and sums)
-  int64_t threads = 0;                // OpenMP threads per rank; 0: the cores this rank may use
+  std::string dtype = "auto";  // auto | fp32 | bf16 (bf16 products, fp32 master weights and sums)
+  int64_t threads = 0;         // OpenMP threads per rank; 0: the cores this rank may use
   std::string recompute = "none";     // none | all | every_K
   int64_t zero = 0;                   // ZeRO stage 0-3 (docs/algorithms.md "ZeRO")
   int64_t tp = 1;                     // tensor-parallel size (docs/algorithms.md)
@@ -83,6 +83,11 @@ struct TrainConfig {
   void resolve_batch(int dp_size);
   // Blocks to recompute in backward: 0 none, 1 all, K every K-th.
   int recompute_every() const;
+  // train.dtype resolved: auto = bf16 only where the CPU has bf16 products and they are at
+  // least 10% faster than fp32's (GEMM peaks as measured, any unit: a margin, so that noise
+  // does not flip the choice between runs); an explicit fp32 or bf16 is kept.
+  static std::string resolve_dtype(const std::string& requested, double fp32_gflops,
+                                   double bf16_gflops, bool native_bf16 = true);
   // The resolved configuration as TOML (written to the run directory).
   std::string to_toml() const;
   optim::AdamWParams adamw() const;

@@ -204,7 +204,8 @@ void Trainer::save(int64_t next_step) {
                                  {"zero", cfg_.zero}};
   nlohmann::json meta = {{"next_step", next_step},   {"loader_step", next_step},
                          {"seed", cfg_.seed},        {"model", model_cfg_.to_json()},
-                         {"config", cfg_.to_toml()}, {"layout", layout}};
+                         {"config", cfg_.to_toml()}, {"layout", layout},
+                         {"dtype", cfg_.dtype}};
   TraceSpan span("checkpoint", "checkpoint");
   ckpt::SaveOptions so;
   so.root = cfg_.run_dir + "/ckpt";
@@ -604,12 +605,9 @@ int Trainer::run() {
           ? static_cast<int>(cfg_.threads)
           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / launch_.local_size);
   omp_set_num_threads(threads);
-  const auto precision =
-      cfg_.dtype == "bf16" ? kernels::cpu::Precision::kBF16 : kernels::cpu::Precision::kF32;
   model_ = std::make_unique<model::Gpt>(
       model_cfg_, /*own_storage=*/false,
       model::TensorSplit{mesh_->tp(), coord_.tp, cfg_.sequence_parallel});
-  model_->set_precision(precision);
   model_->set_recompute_every(cfg_.recompute_every());
   open_data();
   check_run_dir();
@@ -661,9 +659,31 @@ int Trainer::run() {
       sampler_ = std::make_unique<profile::SystemSampler>(cfg_.run_dir + "/system.jsonl",
                                                           cfg_.system_sample_s);
   }
-  const double my_peak =
-      cfg_.peak_gflops > 0 ? cfg_.peak_gflops : kernels::cpu::measure_peak_gflops(precision);
-  peak_gflops_ = world_sum({my_peak})[0];
+  // GEMM peaks, fp32 and bf16 (summed over the ranks): train.dtype = auto picks bf16 only
+  // where it is faster, an explicit bf16 that is slower gets a warning. metrics.peak_gflops
+  // replaces the measured peak for MFU (with an explicit fp32 nothing is measured).
+  const std::string requested_dtype = cfg_.dtype;
+  double peaks[2] = {0, 0};
+  if (cfg_.peak_gflops <= 0 || cfg_.dtype != "fp32") {
+    const auto sums =
+        world_sum({kernels::cpu::measure_peak_gflops(kernels::cpu::Precision::kF32),
+                   kernels::cpu::measure_peak_gflops(kernels::cpu::Precision::kBF16)});
+    peaks[0] = sums[0], peaks[1] = sums[1];
+  }
+  // A resumed run keeps the precision its checkpoint was trained in (bit-exact resume).
+  const nlohmann::json* meta = checkpoint_ ? &checkpoint_->meta() : nullptr;
+  cfg_.dtype = requested_dtype == "auto" && meta && meta->contains("dtype")
+                   ? (*meta)["dtype"].get<std::string>()
+                   : TrainConfig::resolve_dtype(requested_dtype, peaks[0], peaks[1],
+                                                kernels::cpu::native_bf16());
+  const bool bf16 = cfg_.dtype == "bf16";
+  model_->set_precision(bf16 ? kernels::cpu::Precision::kBF16 : kernels::cpu::Precision::kF32);
+  peak_gflops_ = cfg_.peak_gflops > 0 ? cfg_.peak_gflops * world_ : peaks[bf16 ? 1 : 0];
+  if (requested_dtype == "bf16" && peaks[1] < peaks[0] && rank_ == 0)
+    std::fprintf(stderr,
+                 "loom: warning: train.dtype = bf16, but bf16 products run at %.0f GFLOP/s here "
+                 "against %.0f in fp32 (no AVX-512 BF16?); train.dtype = auto would pick fp32\n",
+                 peaks[1] / world_, peaks[0] / world_);
   peak_lr_ = cfg_.lr_scale == "linear" ? cfg_.lr * mesh_->dp() : cfg_.lr;
   x_.resize(static_cast<size_t>(cfg_.micro_batch * cfg_.grad_accum * cfg_.seq_len));
   y_.resize(x_.size());
@@ -672,13 +692,18 @@ int Trainer::run() {
     for (const model::Tensor& t : model_->tensors()) params += static_cast<double>(numel(t.shape));
     std::printf(
         "loom: training %s (%.1fM parameters) on %s: %lld steps of %lld sequences x %lld "
-        "tokens (micro-batch %lld x %lld accumulation x %d data-parallel, ZeRO %lld), %s, "
-        "threads per rank: %d, MFU peak %.0f GFLOP/s\n",
+        "tokens (micro-batch %lld x %lld accumulation x %d data-parallel, ZeRO %lld), %s%s, "
+        "threads per rank: %d, MFU peak %.0f GFLOP/s%s\n",
         model_cfg_.name.c_str(), params / 1e6, cfg_.data_path.c_str(),
         static_cast<long long>(cfg_.steps), static_cast<long long>(cfg_.global_batch),
         static_cast<long long>(cfg_.seq_len), static_cast<long long>(cfg_.micro_batch),
         static_cast<long long>(cfg_.grad_accum), mesh_->dp(), static_cast<long long>(cfg_.zero),
-        cfg_.dtype.c_str(), threads, peak_gflops_);
+        cfg_.dtype.c_str(), requested_dtype == "auto" ? " (auto)" : "", threads, peak_gflops_,
+        peaks[0] > 0
+            ? (" (GEMM peaks per rank: fp32 " + std::to_string(std::lround(peaks[0] / world_)) +
+               ", bf16 " + std::to_string(std::lround(peaks[1] / world_)) + ")")
+                  .c_str()
+            : "");
     std::printf("loom: layout %s%s\n", mesh_->describe().c_str(),
                 cfg_.sequence_parallel && mesh_->tp() > 1 ? ", sequence parallel" : "");
     if (pipeline_)
