@@ -68,7 +68,7 @@ std::function<int()> add_plan_command(CLI::App& app) {
                       "plan several machines with a GPU device (a100-80, h100, h200)");
     const int threads = std::max(1, cores / c.per_node);
     if (cpu) omp_set_num_threads(threads);
-    c.device = cpu ? plan::cpu_device(c.per_node, a->bf16) : plan::gpu_device(a->device);
+    c.device = cpu ? plan::cpu_device(c.per_node) : plan::gpu_device(a->device);
     std::map<std::tuple<int, int, bool>, plan::CpuCosts> measured;
     auto costs = [&](const plan::Layout& l) {
       auto key = std::make_tuple(l.micro_batch, l.tp, l.recompute);

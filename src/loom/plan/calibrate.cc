@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "loom/comm/tuning.h"
+#include "loom/core/stats.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/optim/adamw.h"
 
@@ -35,11 +36,6 @@ class NoComm : public model::TpComm {
  private:
   int t_;
 };
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // (one block, embedding + final norm + head): forward + backward of one microbatch, the
 // median of `repeats` after a warm-up. The block runs alone (Gpt::forward_units on unit 1);
@@ -74,8 +70,8 @@ std::pair<double, double> step_seconds(const CpuShape& s, int repeats) {
       whole.push_back(std::chrono::duration<double>(t2 - t1).count());
     }
   }
-  const double b = median_of(block);
-  return {b, std::max(0.0, median_of(whole) - b)};
+  const double b = median(block);
+  return {b, std::max(0.0, median(whole) - b)};
 }
 
 // (block, ends) seconds measured by `copies` threads at once; the slowest copy's.
@@ -109,22 +105,18 @@ CpuCosts measure_cpu(const CpuShape& shape, int ranks, int repeats) {
     adam.step(p.data(), g.data(), 1.0f, 1e-3, optim::AdamWParams{}, r + 1);
     if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  c.adamw_params_per_s = static_cast<double>(n) / median_of(times);
+  c.adamw_params_per_s = static_cast<double>(n) / median(times);
   const comm::CostModel cm = comm::CostModel::from_env();
   c.shm_alpha_us = cm.shm.alpha_us, c.shm_gbps = cm.shm.gbps;
   return c;
 }
 
-Device cpu_device(int ranks_per_node, bool bf16) {
+Device cpu_device(int ranks_per_node) {
   Device d;
   d.name = "cpu";
-  d.cpu = true;
-  d.peak_tflops = kernels::cpu::measure_peak_gflops(bf16 ? kernels::cpu::Precision::kBF16
-                                                         : kernels::cpu::Precision::kF32) /
-                  1e3;
+  d.cpu = true;  // its compute comes from measure_cpu's costs, not peak x efficiency
   const double bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   d.mem_gb = bytes / 1e9 / std::max(ranks_per_node, 1);
-  d.gemm_efficiency = 1;
   return d;
 }
 

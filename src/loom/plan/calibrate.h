@@ -24,9 +24,9 @@ struct CpuShape {
 // (threads, each with `threads` OpenMP threads), the plain ones one copy alone.
 CpuCosts measure_cpu(const CpuShape& shape, int ranks, int repeats = 3);
 
-// The CPU as a device: fp32 (or bf16) GEMM peak measured on the calling thread team, the
-// machine's memory shared by `ranks_per_node`.
-Device cpu_device(int ranks_per_node, bool bf16);
+// The CPU as a device: the machine's memory shared by `ranks_per_node` (its times come from
+// measure_cpu, so no peak is measured).
+Device cpu_device(int ranks_per_node);
 
 // A model's shape for the planner at sequence length seq.
 ModelShape model_shape(const model::GptConfig& g, int seq);

@@ -29,7 +29,7 @@ namespace loom::plan {
 // One device, as published (GPUs) or as measured (cpu).
 struct Device {
   std::string name;
-  double peak_tflops = 0;      // dense 16-bit (GPUs); fp32 GEMM measured (cpu)
+  double peak_tflops = 0;      // dense 16-bit (GPUs; the CPU has measured costs instead)
   double mem_gb = 0;           // per device (cpu: the machine's memory / ranks on it)
   double hbm_gbps = 0;         // memory bandwidth
   double intra_gbps = 0;       // per device and direction inside a machine (NVLink)

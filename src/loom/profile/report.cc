@@ -13,6 +13,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/file.h"
+#include "loom/core/stats.h"
 
 namespace loom::profile {
 namespace {
@@ -42,13 +43,6 @@ std::vector<json> read_jsonl(const std::string& path, bool required) {
     }
   }
   return rows;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 std::string fmt(const char* f, double x) {

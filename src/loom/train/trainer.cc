@@ -19,6 +19,7 @@
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/core/state_memory.h"
+#include "loom/core/stats.h"
 #include "loom/data/loader.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/model/gpt.h"
@@ -788,8 +789,7 @@ void Trainer::plan_check() {
       groups_.world->allreduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum);
       if (i > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-    std::sort(times.begin(), times.end());
-    link_gbps = 2.0 * (world_ - 1) / world_ * n * 4 / times[times.size() / 2] / 1e9;
+    link_gbps = 2.0 * (world_ - 1) / world_ * n * 4 / median(times) / 1e9;
   }
   if (rank_ != 0) return;
   const bool bf16 = cfg_.dtype == "bf16";
@@ -812,12 +812,11 @@ void Trainer::plan_check() {
   l.offload = cfg_.zero_offload == "disk" ? "optimizer" : "none";
   plan::Cluster c;
   c.per_node = world_;
-  c.device = plan::cpu_device(world_, bf16);
+  c.device = plan::cpu_device(world_);
   const plan::ModelShape m = plan::model_shape(model_cfg_, T);
   const plan::Prediction p = plan::predict(m, c, l, static_cast<int>(cfg_.global_batch), &k);
-  std::vector<double> steps(step_s_.begin() + (step_s_.size() > 1 ? 1 : 0), step_s_.end());
-  std::sort(steps.begin(), steps.end());
-  const double median = steps.empty() ? 0 : steps[steps.size() / 2];
+  const std::vector<double> steps(step_s_.begin() + (step_s_.size() > 1 ? 1 : 0), step_s_.end());
+  const double measured_s = steps.empty() ? 0 : median(steps);
   const double mib = 1 << 20;
   auto err = [](double predicted, double measured) {
     return measured > 0 ? (predicted - measured) / measured : 0.0;
@@ -844,17 +843,18 @@ void Trainer::plan_check() {
       {"measured",
        {{"state_mb", state_peak_max_ / mib},
         {"activation_mb", act_peak_max_ / mib},
-        {"step_ms", median * 1e3},
+        {"step_ms", measured_s * 1e3},
         {"steps", steps.size()}}},
-      {"error", {{"state", err(p.state(), state_peak_max_)}, {"step", err(p.step_s(), median)}}}};
+      {"error",
+       {{"state", err(p.state(), state_peak_max_)}, {"step", err(p.step_s(), measured_s)}}}};
   write_file_atomic(cfg_.run_dir + "/plan.json", j.dump(2) + "\n");
   std::printf(
       "loom: plan vs measured (%s): model state per rank %.2f MiB predicted, %.2f measured "
       "(%+.1f%%); step %.1f ms predicted, %.1f measured median (%+.1f%%); activations %.2f "
       "MiB predicted, %.2f measured\n",
       l.describe().c_str(), p.state() / mib, state_peak_max_ / mib,
-      100 * err(p.state(), state_peak_max_), p.step_s() * 1e3, median * 1e3,
-      100 * err(p.step_s(), median), p.activations / mib, act_peak_max_ / mib);
+      100 * err(p.state(), state_peak_max_), p.step_s() * 1e3, measured_s * 1e3,
+      100 * err(p.step_s(), measured_s), p.activations / mib, act_peak_max_ / mib);
 }
 
 }  // namespace
