@@ -128,14 +128,18 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   std::vector<double> stage_params(P, 0.0);
   std::vector<int> stage_layers(P, 0);
   std::vector<bool> stage_head(P, false), stage_embed(P, false);
+  // The same per virtual stage (piece k runs on stage k % P), for its compute.
+  const int VS = static_cast<int>(pieces.size());
+  std::vector<int> piece_layers(VS, 0);
+  std::vector<bool> piece_head(VS, false);
   double biggest_unit = 0;
-  for (size_t k = 0; k < pieces.size(); ++k) {
-    const int st = static_cast<int>(k % P);
+  for (int k = 0; k < VS; ++k) {
+    const int st = k % P;
     for (int u = pieces[k].first; u <= pieces[k].last; ++u) {
       stage_params[st] += units[u];
       biggest_unit = std::max(biggest_unit, units[u]);
-      if (u >= 1 && u <= m.layers) ++stage_layers[st];
-      if (u == nu - 1) stage_head[st] = true;
+      if (u >= 1 && u <= m.layers) ++stage_layers[st], ++piece_layers[k];
+      if (u == nu - 1) stage_head[st] = piece_head[k] = true;
       if (u == 0) stage_embed[st] = true;
     }
   }
@@ -169,15 +173,7 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   const double tp_ends = d.cpu ? 2 * ring_s(act_msg, t, 2, cpu->shm_gbps, cpu->shm_alpha_us) +
                                      3 * ring_s(4 * b * s, t, 2, cpu->shm_gbps, cpu->shm_alpha_us)
                                : 2 * ring_s(act_msg, t, 2, d.intra_gbps);
-  // Per virtual stage (piece k runs on stage k % P): its compute and communication.
-  const int VS = static_cast<int>(pieces.size());
-  std::vector<int> piece_layers(VS, 0);
-  std::vector<bool> piece_head(VS, false);
-  for (int k = 0; k < VS; ++k)
-    for (int u = pieces[k].first; u <= pieces[k].last; ++u) {
-      if (u >= 1 && u <= m.layers) ++piece_layers[k];
-      if (u == nu - 1) piece_head[k] = true;
-    }
+  // Per virtual stage: its compute and communication.
   std::vector<double> share(P, 1.0);  // a lone stage: every rank busy (dp, tp)
   std::vector<double> comp(P), comm(P);
   auto stage_times = [&]() {
