@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: installs dependencies, builds, runs unit + multi-process tests,
-# then the AddressSanitizer/UBSan and ThreadSanitizer builds and a short libFuzzer run.
+# The whole test suite: installs dependencies, builds (Release, GCC, warnings as errors),
+# runs unit + multi-process + end-to-end tests and PyTorch's own distributed suite, then the
+# AddressSanitizer/UBSan and ThreadSanitizer builds, the Release build with clang, and a
+# short libFuzzer run.
 #   LOOM_TEST_QUICK=1 skips the sanitizer builds and the fuzzer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +34,7 @@ if [ "${LOOM_TEST_QUICK:-0}" != 1 ]; then
 
   step "thread sanitizer build"  # only what the TSan pass runs
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=thread \
+    -DLOOM_WERROR=ON \
     > /dev/null
   cmake --build build-tsan -j "$(nproc)" --target store_test core_test comm_features_test \
     collectives_test
@@ -42,10 +45,14 @@ if [ "${LOOM_TEST_QUICK:-0}" != 1 ]; then
     --gtest_filter='*shm_n3*:*shm_n5*:*tcp_n2*:*hier_n4*'
   unset TSAN_OPTIONS
 
+  # The Release build with clang too (the release build above is GCC's), warnings as errors;
+  # the same build holds the libFuzzer targets.
+  step "clang Release build + libFuzzer targets"
+  CC=clang CXX=clang++ cmake -S . -B build-clang -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DLOOM_WERROR=ON -DLOOM_FUZZ=ON -DLOOM_BUILD_TESTS=OFF > /dev/null
+  cmake --build build-clang -j "$(nproc)"
   step "libFuzzer: store wire decoder"
-  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DLOOM_FUZZ=ON -DLOOM_BUILD_TESTS=OFF > /dev/null
-  cmake --build build-fuzz -j "$(nproc)" --target store_wire_fuzz
-  mkdir -p build-fuzz/corpus
-  ./build-fuzz/tests/fuzz/store_wire_fuzz -max_total_time=30 -max_len=4096 build-fuzz/corpus
+  mkdir -p build-clang/corpus
+  ./build-clang/tests/fuzz/store_wire_fuzz -max_total_time=30 -max_len=4096 build-clang/corpus
 fi
 step "all tests passed"

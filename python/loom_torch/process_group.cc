@@ -4,8 +4,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <mutex>
+#include <optional>
 
 #include "loom/core/error.h"
 #include "loom/core/hmac.h"
@@ -20,8 +19,8 @@ using Tensors = std::vector<at::Tensor>;
 
 // ---- conversions and checks; every refusal says what and why ----
 
-DType dtype_of(const at::Tensor& t, const char* op) {
-  switch (t.scalar_type()) {
+std::optional<DType> loom_dtype(at::ScalarType s) {
+  switch (s) {
     case at::kFloat:
       return DType::kF32;
     case at::kDouble:
@@ -37,10 +36,30 @@ DType dtype_of(const at::Tensor& t, const char* op) {
     case at::kByte:
       return DType::kU8;
     default:
-      TORCH_CHECK(false, "loom: ", op, ": dtype ", t.scalar_type(),
-                  " is not supported (loom reduces float32, float64, bfloat16, float16, int32, "
-                  "int64 and uint8)");
+      return std::nullopt;
   }
+}
+
+DType dtype_of(const at::Tensor& t, const char* op) {
+  const auto d = loom_dtype(t.scalar_type());
+  TORCH_CHECK(d, "loom: ", op, ": dtype ", t.scalar_type(),
+              " is not supported (loom reduces float32, float64, bfloat16, float16, int32, "
+              "int64 and uint8)");
+  return *d;
+}
+
+// Data movement (broadcast, the gathers, scatter, all-to-all, send/recv) reduces nothing: a
+// dtype loom cannot reduce (int8, bool, int16, complex, ...) travels as its bytes.
+struct Elems {
+  size_t count;
+  DType dtype;
+};
+Elems moved(const at::Tensor& t, int64_t numel) {
+  if (const auto d = loom_dtype(t.scalar_type())) return {static_cast<size_t>(numel), *d};
+  return {static_cast<size_t>(numel) * t.element_size(), DType::kU8};
+}
+Elems moved(const at::Tensor& t) {
+  return moved(t, t.numel());
 }
 
 ReduceOp reduce_of(const c10d::ReduceOp& op, const char* what) {
@@ -62,24 +81,25 @@ ReduceOp reduce_of(const c10d::ReduceOp& op, const char* what) {
   }
 }
 
-void check_tensor(const at::Tensor& t, const char* op) {
+// reduces: the op combines values, so loom must know the dtype (data movement need not).
+void check_tensor(const at::Tensor& t, const char* op, bool reduces = true) {
   TORCH_CHECK(t.device().is_cpu(), "loom: ", op, ": tensor on ", t.device(),
               " (loom's transports move CPU memory; no CUDA transport is built)");
   TORCH_CHECK(!t.is_sparse(), "loom: ", op, ": sparse tensors are not supported");
-  dtype_of(t, op);
+  if (reduces) dtype_of(t, op);
 }
 
-const at::Tensor& single(const Tensors& ts, const char* op) {
+const at::Tensor& single(const Tensors& ts, const char* op, bool reduces = true) {
   TORCH_CHECK(ts.size() == 1, "loom: ", op, " takes one tensor per process (got ", ts.size(),
               "); loom drives one device per rank");
-  check_tensor(ts[0], op);
+  check_tensor(ts[0], op, reduces);
   return ts[0];
 }
 
-void check_same(const at::Tensor& a, const at::Tensor& b, const char* op) {
+void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, bool reduces = true) {
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), "loom: ", op, ": dtypes differ (",
               a.scalar_type(), " vs ", b.scalar_type(), ")");
-  check_tensor(b, op);
+  check_tensor(b, op, reduces);
 }
 
 // A contiguous tensor with t's data: t itself, or a copy (then written back after the op).
@@ -152,6 +172,8 @@ class LoomWork : public c10d::Work {
   }
 
   void set_source(int rank) { source_ = rank; }
+  // A receive from any source: the sender's rank, written before the work completes.
+  int* source_slot() { return &source_; }
   int sourceRank() const override { return source_; }
   std::vector<at::Tensor> result() override { return result_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
@@ -207,13 +229,7 @@ size_t count_of(const at::Tensor& t) {
 
 ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                    std::chrono::milliseconds timeout)
-    : LOOM_TORCH_BASE(rank, size),
-      timeout_(timeout),
-      store_(store),
-      consumed_(size, 0),
-      seen_(size, 0) {
-  const char* any = std::getenv("LOOM_TORCH_ANY_SOURCE");
-  any_source_ = any && std::string(any) == "1";
+    : LOOM_TORCH_BASE(rank, size), timeout_(timeout) {
   auto s = std::make_shared<TorchStore>(store);
   loom::comm::CommConfig cfg = loom::comm::CommConfig::from_env();
   cfg.name = "torch";
@@ -256,13 +272,14 @@ void ProcessGroupLoom::check_root(int64_t root, const char* op) const {
 
 ProcessGroupLoom::Work ProcessGroupLoom::broadcast(Tensors& tensors,
                                                    const c10d::BroadcastOptions& opts) {
-  const at::Tensor& t = single(tensors, "broadcast");
+  const at::Tensor& t = single(tensors, "broadcast", false);
   check_root(opts.rootRank, "broadcast");
   auto w = make_work(c10d::OpType::BROADCAST, tensors);
   at::Tensor c = contig(t);
   w->keep(c);
-  w->add(comm_->broadcast_async(ptr(c), count_of(c), dtype_of(t, "broadcast"),
-                                static_cast<int>(opts.rootRank), op_options(opts.timeout)));
+  const Elems e = moved(c);
+  w->add(comm_->broadcast_async(ptr(c), e.count, e.dtype, static_cast<int>(opts.rootRank),
+                                op_options(opts.timeout)));
   w->copy_back(t, c);
   w->start();
   return w;
@@ -323,11 +340,11 @@ ProcessGroupLoom::Work ProcessGroupLoom::reduce(Tensors& tensors, const c10d::Re
 
 ProcessGroupLoom::Work ProcessGroupLoom::allgather(std::vector<Tensors>& outputs, Tensors& inputs,
                                                    const c10d::AllgatherOptions& opts) {
-  const at::Tensor& in = single(inputs, "allgather");
+  const at::Tensor& in = single(inputs, "allgather", false);
   TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
               "loom: allgather: expected one list of ", size_, " output tensors");
   for (const auto& o : outputs[0]) {
-    check_same(in, o, "allgather");
+    check_same(in, o, "allgather", false);
     TORCH_CHECK(o.numel() == in.numel(), "loom: allgather: output tensors must have the input's ",
                 in.numel(), " elements (got ", o.numel(), ")");
   }
@@ -336,8 +353,8 @@ ProcessGroupLoom::Work ProcessGroupLoom::allgather(std::vector<Tensors>& outputs
   auto w = make_work(c10d::OpType::ALLGATHER, outputs[0]);
   w->keep(c);
   w->keep(flat);
-  w->add(comm_->allgather_async(ptr(c), ptr(flat), count_of(c), dtype_of(in, "allgather"),
-                                op_options(opts.timeout)));
+  const Elems e = moved(c);
+  w->add(comm_->allgather_async(ptr(c), ptr(flat), e.count, e.dtype, op_options(opts.timeout)));
   Tensors outs = outputs[0];
   w->then([outs, flat, n = in.numel()]() mutable {
     for (size_t i = 0; i < outs.size(); ++i)
@@ -349,17 +366,16 @@ ProcessGroupLoom::Work ProcessGroupLoom::allgather(std::vector<Tensors>& outputs
 
 ProcessGroupLoom::Work ProcessGroupLoom::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                          const c10d::AllgatherOptions& opts) {
-  check_tensor(input, "all_gather_into_tensor");
-  check_same(input, output, "all_gather_into_tensor");
+  check_tensor(input, "all_gather_into_tensor", false);
+  check_same(input, output, "all_gather_into_tensor", false);
   TORCH_CHECK(output.numel() == input.numel() * size_, "loom: all_gather_into_tensor: output has ",
               output.numel(), " elements, expected ", size_, " x ", input.numel());
   auto w = make_work(c10d::OpType::_ALLGATHER_BASE, {output});
   at::Tensor c = contig(input), o = contig(output);
   w->keep(c);
   w->keep(o);
-  w->add(comm_->allgather_async(ptr(c), ptr(o), count_of(c),
-                                dtype_of(input, "all_gather_into_tensor"),
-                                op_options(opts.timeout)));
+  const Elems e = moved(c);
+  w->add(comm_->allgather_async(ptr(c), ptr(o), e.count, e.dtype, op_options(opts.timeout)));
   w->copy_back(output, o);
   w->start();
   return w;
@@ -373,20 +389,20 @@ ProcessGroupLoom::Work ProcessGroupLoom::allgather_coalesced(std::vector<Tensors
   Tensors flats, result;
   auto w = make_work(c10d::OpType::ALLGATHER_COALESCED, {});
   for (size_t i = 0; i < inputs.size(); ++i) {
-    check_tensor(inputs[i], "allgather_coalesced");
+    check_tensor(inputs[i], "allgather_coalesced", false);
     at::Tensor c = contig(inputs[i]);
     at::Tensor flat = at::empty({size_ * c.numel()}, c.options());
     w->keep(c);
     w->keep(flat);
     flats.push_back(flat);
-    w->add(comm_->allgather_async(ptr(c), ptr(flat), count_of(c),
-                                  dtype_of(c, "allgather_coalesced"), op_options(opts.timeout)));
+    const Elems e = moved(c);
+    w->add(comm_->allgather_async(ptr(c), ptr(flat), e.count, e.dtype, op_options(opts.timeout)));
   }
   for (int r = 0; r < size_; ++r) {
     TORCH_CHECK(outputs[r].size() == inputs.size(), "loom: allgather_coalesced: output list ", r,
                 " has ", outputs[r].size(), " tensors, expected ", inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
-      check_same(inputs[i], outputs[r][i], "allgather_coalesced");
+      check_same(inputs[i], outputs[r][i], "allgather_coalesced", false);
       TORCH_CHECK(outputs[r][i].numel() == inputs[i].numel(),
                   "loom: allgather_coalesced: output sizes must match the inputs'");
     }
@@ -405,14 +421,14 @@ ProcessGroupLoom::Work ProcessGroupLoom::allgather_coalesced(std::vector<Tensors
 
 ProcessGroupLoom::Work ProcessGroupLoom::gather(std::vector<Tensors>& outputs, Tensors& inputs,
                                                 const c10d::GatherOptions& opts) {
-  const at::Tensor& in = single(inputs, "gather");
+  const at::Tensor& in = single(inputs, "gather", false);
   check_root(opts.rootRank, "gather");
   const bool root = opts.rootRank == rank_;
   if (root) {
     TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
                 "loom: gather: the root needs one list of ", size_, " output tensors");
     for (const auto& o : outputs[0]) {
-      check_same(in, o, "gather");
+      check_same(in, o, "gather", false);
       TORCH_CHECK(o.numel() == in.numel(), "loom: gather: output sizes must match the input's");
     }
   } else {
@@ -424,9 +440,9 @@ ProcessGroupLoom::Work ProcessGroupLoom::gather(std::vector<Tensors>& outputs, T
   auto w = make_work(c10d::OpType::GATHER, root ? outputs[0] : Tensors{});
   w->keep(c);
   if (root) w->keep(flat);
-  w->add(comm_->gather_async(ptr(c), root ? ptr(flat) : nullptr, count_of(c),
-                             dtype_of(in, "gather"), static_cast<int>(opts.rootRank),
-                             op_options(opts.timeout)));
+  const Elems e = moved(c);
+  w->add(comm_->gather_async(ptr(c), root ? ptr(flat) : nullptr, e.count, e.dtype,
+                             static_cast<int>(opts.rootRank), op_options(opts.timeout)));
   if (root) {
     Tensors outs = outputs[0];
     w->then([outs, flat, n = in.numel()]() mutable {
@@ -440,7 +456,7 @@ ProcessGroupLoom::Work ProcessGroupLoom::gather(std::vector<Tensors>& outputs, T
 
 ProcessGroupLoom::Work ProcessGroupLoom::scatter(Tensors& outputs, std::vector<Tensors>& inputs,
                                                  const c10d::ScatterOptions& opts) {
-  const at::Tensor& out = single(outputs, "scatter");
+  const at::Tensor& out = single(outputs, "scatter", false);
   check_root(opts.rootRank, "scatter");
   const bool root = opts.rootRank == rank_;
   at::Tensor flat;
@@ -449,7 +465,7 @@ ProcessGroupLoom::Work ProcessGroupLoom::scatter(Tensors& outputs, std::vector<T
                 "loom: scatter: the root needs one list of ", size_, " input tensors");
     Tensors parts;
     for (const auto& i : inputs[0]) {
-      check_same(out, i, "scatter");
+      check_same(out, i, "scatter", false);
       TORCH_CHECK(i.numel() == out.numel(), "loom: scatter: input sizes must match the output's");
       parts.push_back(i.reshape({-1}));
     }
@@ -459,9 +475,9 @@ ProcessGroupLoom::Work ProcessGroupLoom::scatter(Tensors& outputs, std::vector<T
   auto w = make_work(c10d::OpType::SCATTER, outputs);
   w->keep(o);
   if (root) w->keep(flat);
-  w->add(comm_->scatter_async(root ? ptr(flat) : nullptr, ptr(o), count_of(o),
-                              dtype_of(out, "scatter"), static_cast<int>(opts.rootRank),
-                              op_options(opts.timeout)));
+  const Elems e = moved(o);
+  w->add(comm_->scatter_async(root ? ptr(flat) : nullptr, ptr(o), e.count, e.dtype,
+                              static_cast<int>(opts.rootRank), op_options(opts.timeout)));
   w->copy_back(out, o);
   w->start();
   return w;
@@ -526,8 +542,8 @@ ProcessGroupLoom::Work ProcessGroupLoom::alltoall_padded(c10d::OpType type, Tens
   auto w = make_work(type, std::move(results));
   w->keep(send);
   w->keep(recv);
-  w->add(comm_->alltoall_async(ptr(send), ptr(recv), static_cast<size_t>(block),
-                               dtype_of(in[0], "alltoall"), op_options(timeout)));
+  const Elems e = moved(send, block);
+  w->add(comm_->alltoall_async(ptr(send), ptr(recv), e.count, e.dtype, op_options(timeout)));
   w->then([out, recv, block]() mutable {
     for (size_t r = 0; r < out.size(); ++r)
       out[r].copy_(
@@ -541,8 +557,8 @@ ProcessGroupLoom::Work ProcessGroupLoom::alltoall_base(at::Tensor& output, at::T
                                                        std::vector<int64_t>& output_splits,
                                                        std::vector<int64_t>& input_splits,
                                                        const c10d::AllToAllOptions& opts) {
-  check_tensor(input, "all_to_all_single");
-  check_same(input, output, "all_to_all_single");
+  check_tensor(input, "all_to_all_single", false);
+  check_same(input, output, "all_to_all_single", false);
   if (output_splits.empty() && input_splits.empty()) {
     TORCH_CHECK(input.numel() % size_ == 0 && output.numel() == input.numel(),
                 "loom: all_to_all_single: without splits, input and output must have the same "
@@ -552,8 +568,8 @@ ProcessGroupLoom::Work ProcessGroupLoom::alltoall_base(at::Tensor& output, at::T
     auto w = make_work(c10d::OpType::ALLTOALL_BASE, {output});
     w->keep(c);
     w->keep(o);
-    w->add(comm_->alltoall_async(ptr(c), ptr(o), count_of(c) / size_,
-                                 dtype_of(input, "all_to_all_single"), op_options(opts.timeout)));
+    const Elems e = moved(c, c.numel() / size_);
+    w->add(comm_->alltoall_async(ptr(c), ptr(o), e.count, e.dtype, op_options(opts.timeout)));
     w->copy_back(output, o);
     w->start();
     return w;
@@ -583,8 +599,8 @@ ProcessGroupLoom::Work ProcessGroupLoom::alltoall(Tensors& outputs, Tensors& inp
   TORCH_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
               "loom: all_to_all: expected ", size_, " input and ", size_, " output tensors");
   for (int r = 0; r < size_; ++r) {
-    check_same(inputs[0], inputs[r], "all_to_all");
-    check_same(inputs[0], outputs[r], "all_to_all");
+    check_same(inputs[0], inputs[r], "all_to_all", false);
+    check_same(inputs[0], outputs[r], "all_to_all", false);
   }
   return alltoall_padded(c10d::OpType::ALLTOALL, inputs, outputs, outputs, opts.timeout);
 }
@@ -593,62 +609,44 @@ ProcessGroupLoom::Work ProcessGroupLoom::alltoall(Tensors& outputs, Tensors& inp
 // (loom sequences each pair); the tag is not used for matching ----
 
 ProcessGroupLoom::Work ProcessGroupLoom::send(Tensors& tensors, int dst, int /*tag*/) {
-  const at::Tensor& t = single(tensors, "send");
+  const at::Tensor& t = single(tensors, "send", false);
   TORCH_CHECK(dst >= 0 && dst < size_ && dst != rank_, "loom: send: peer ", dst,
               " is not another rank of this group of ", size_);
-  if (any_source_) {  // announce it, for a receiver that does not name its source
-    const std::string base = "loom_any/" + std::to_string(dst) + "/";
-    const int64_t n = store_->add(base + "n", 1) - 1;
-    const std::string me = std::to_string(rank_);
-    store_->set(base + std::to_string(n), std::vector<uint8_t>(me.begin(), me.end()));
-  }
   at::Tensor c = contig(t);
   auto w = make_work(c10d::OpType::SEND, tensors);
   w->keep(c);
-  w->add(comm_->send_async(ptr(c), count_of(c), dtype_of(t, "send"), dst, op_options(timeout_)));
+  const Elems e = moved(c);
+  w->add(comm_->send_async(ptr(c), e.count, e.dtype, dst, op_options(timeout_)));
   w->start();
   return w;
 }
 
 ProcessGroupLoom::Work ProcessGroupLoom::recv(Tensors& tensors, int src, int /*tag*/) {
-  const at::Tensor& t = single(tensors, "recv");
+  const at::Tensor& t = single(tensors, "recv", false);
   TORCH_CHECK(src >= 0 && src < size_ && src != rank_, "loom: recv: peer ", src,
               " is not another rank of this group of ", size_);
-  if (any_source_) {
-    std::lock_guard<std::mutex> lock(any_mu_);
-    ++consumed_[src];
-  }
   at::Tensor c = contig(t);
   auto w = make_work(c10d::OpType::RECV, tensors);
   w->set_source(src);
   w->keep(c);
-  w->add(comm_->recv_async(ptr(c), count_of(c), dtype_of(t, "recv"), src, op_options(timeout_)));
+  const Elems e = moved(c);
+  w->add(comm_->recv_async(ptr(c), e.count, e.dtype, src, op_options(timeout_)));
   w->copy_back(t, c);
   w->start();
   return w;
 }
 
-ProcessGroupLoom::Work ProcessGroupLoom::recvAnysource(Tensors& tensors, int tag) {
-  TORCH_CHECK(any_source_,
-              "loom: recv without a source rank needs LOOM_TORCH_ANY_SOURCE=1 on every rank "
-              "(loom matches each receive to a named peer; with the variable set, every send "
-              "is also announced through the store, ~0.1 ms each); or pass src=");
-  single(tensors, "recv");
-  // Block (this thread) until an announcement of a message not yet received names its
-  // sender, then receive from it like a named recv.
-  int src = -1;
-  {
-    std::lock_guard<std::mutex> lock(any_mu_);
-    const std::string base = "loom_any/" + std::to_string(rank_) + "/";
-    while (src < 0) {
-      const std::string key = base + std::to_string(any_cursor_++);
-      store_->wait({key}, timeout_);
-      const auto v = store_->get(key);
-      const int s = std::stoi(std::string(v.begin(), v.end()));
-      if (++seen_[s] > consumed_[s]) src = s;
-    }
-  }
-  return recv(tensors, src, tag);
+ProcessGroupLoom::Work ProcessGroupLoom::recvAnysource(Tensors& tensors, int /*tag*/) {
+  const at::Tensor& t = single(tensors, "recv", false);
+  TORCH_CHECK(size_ > 1, "loom: recv from any source in a group of one rank would wait forever");
+  at::Tensor c = contig(t);
+  auto w = make_work(c10d::OpType::RECVANYSOURCE, tensors);
+  w->keep(c);
+  const Elems e = moved(c);
+  w->add(comm_->recv_any_async(ptr(c), e.count, e.dtype, w->source_slot(), op_options(timeout_)));
+  w->copy_back(t, c);
+  w->start();
+  return w;
 }
 
 ProcessGroupLoom::Work ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {
@@ -656,6 +654,46 @@ ProcessGroupLoom::Work ProcessGroupLoom::barrier(const c10d::BarrierOptions& opt
   w->add(comm_->barrier_async(op_options(opts.timeout)));
   w->start();
   return w;
+}
+
+void ProcessGroupLoom::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  const auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+  const auto ms = std::to_string(timeout.count());
+  uint8_t token = 1;
+  if (rank_ != 0) {
+    try {
+      comm_->send(&token, 1, DType::kU8, 0, op_options(timeout));
+      comm_->recv(&token, 1, DType::kU8, 0, op_options(timeout));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "Rank ", rank_,
+                  " successfully reached monitoredBarrier, but received errors while waiting for "
+                  "send/recv from rank 0. Please check rank 0 logs for faulty rank. (loom: ",
+                  e.what(), ")");
+    }
+    return;
+  }
+  TORCH_CHECK(timeout.count() > 0, "Rank 0 timed out in monitoredBarrier after ", ms, " ms.");
+  const auto deadline = loom::Deadline::after(timeout);
+  std::vector<uint8_t> got(size_);
+  std::vector<loom::comm::WorkPtr> works(size_);
+  for (int r = 1; r < size_; ++r)
+    works[r] = comm_->recv_async(&got[r], 1, DType::kU8, r, op_options(timeout));
+  std::vector<int> failed;
+  for (int r = 1; r < size_; ++r) {
+    try {
+      works[r]->wait(deadline);
+    } catch (const std::exception&) {
+      failed.push_back(r);
+      if (!wait_all_ranks) break;
+    }
+  }
+  if (!failed.empty()) {
+    std::string who = failed.size() == 1 ? "Rank " : "Ranks ";
+    for (size_t i = 0; i < failed.size(); ++i) who += (i ? ", " : "") + std::to_string(failed[i]);
+    TORCH_CHECK(false, who, " failed to pass monitoredBarrier in ", ms,
+                " ms (loom: the group is unusable now; create a new one to go on)");
+  }
+  for (int r = 1; r < size_; ++r) comm_->send(&token, 1, DType::kU8, r, op_options(timeout));
 }
 
 }  // namespace loom_torch

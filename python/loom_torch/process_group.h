@@ -21,7 +21,6 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "loom/comm/communicator.h"
@@ -71,6 +70,10 @@ class ProcessGroupLoom : public LOOM_TORCH_BASE {
   Work recv(Tensors& tensors, int src, int tag) override;
   Work recvAnysource(Tensors& tensors, int tag) override;
   Work barrier(const c10d::BarrierOptions& opts) override;
+  // gloo's protocol: rank 0 hears from every rank within the timeout, then answers each;
+  // it names the rank (with wait_all_ranks, every rank) that did not arrive. As after any
+  // loom failure, the group is unusable after a failed one.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
  private:
   loom::comm::OpOptions op_options(std::chrono::milliseconds timeout) const;
@@ -82,14 +85,6 @@ class ProcessGroupLoom : public LOOM_TORCH_BASE {
 
   std::shared_ptr<loom::comm::Communicator> comm_;
   std::chrono::milliseconds timeout_;
-  // recv without a source (LOOM_TORCH_ANY_SOURCE=1): each send is announced in torch's
-  // store under the receiver's key ("loom_any/<dst>/<n>" = sender); the receiver walks the
-  // announcements, skipping messages a named recv already took (consumed_ vs seen_).
-  c10::intrusive_ptr<c10d::Store> store_;
-  bool any_source_ = false;
-  std::mutex any_mu_;
-  std::vector<int64_t> consumed_, seen_;
-  int64_t any_cursor_ = 0;
 };
 
 }  // namespace loom_torch

@@ -89,7 +89,16 @@ def equivalence():
     for zero in (0, 3):
         d = os.path.join(WORK, "eq_bf16_z%d" % zero)
         train(d, 2, "--set", "train.zero=%d" % zero, "--set", "zero.comm_dtype=bf16")
-        compare("n=2 zero=%d comm in bf16" % zero, losses(d), base, tol=1e-2)
+        got = losses(d)
+        compare("n=2 zero=%d comm in bf16" % zero, got, base, tol=1e-2)
+        # ... and not the fp32 run's losses: bf16 rounding must show, or the setting was
+        # ignored (fp32 reductions reproduce the one-process losses to ~1e-6).
+        fp32 = losses(os.path.join(WORK, "eq_2_z%d_none" % zero))
+        moved = max(abs(got[s] - fp32[s]) / abs(fp32[s]) for s in fp32)
+        if moved < 1e-5:
+            fail("n=2 zero=%d: zero.comm_dtype=bf16 gave the fp32 losses (max rel diff %.1e): "
+                 "the reductions did not run in bf16" % (zero, moved))
+        print("ok  n=2 zero=%d comm in bf16 differs from fp32 by %.1e" % (zero, moved))
     # optim.lr_scale = linear: the peak LR times the data-parallel size (Horovod's rule).
     d = os.path.join(WORK, "eq_lr_linear")
     train(d, 2, "--set", "optim.lr_scale=linear", steps=8)

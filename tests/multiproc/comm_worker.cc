@@ -149,6 +149,10 @@ int main(int argc, char** argv) {
     int rank = std::atoi(std::getenv("LOOM_RANK"));
     setenv("LOOM_HOST_ID", ("vhost" + std::to_string(rank / per)).c_str(), 1);
   }
+  // One process that does not know the job token (the Failures.WrongToken test).
+  if (const char* w = std::getenv("LOOM_TEST_WRONG_TOKEN_RANK"))
+    if (std::atoi(w) == std::atoi(std::getenv("LOOM_RANK")))
+      setenv("LOOM_JOB_TOKEN", "0123456789abcdef0123456789abcdef", 1);
   try {
     auto c = init_from_env();
     if (what == "sweep") return run_sweep(*c);

@@ -136,5 +136,20 @@ TEST(Failures, DesyncFailsEveryRankNamingBothFingerprints) {
   }
 }
 
+// A process that does not know the job token is refused before any data flows (until now
+// shown with thread ranks only); the others fail at their deadline instead of waiting for
+// it forever, and every process exits.
+TEST(Failures, WrongTokenProcessIsRefused) {
+  Job j = run_worker(3, {"sweep"}, {{"LOOM_TEST_WRONG_TOKEN_RANK", "2"}, {"LOOM_TIMEOUT_S", "5"}});
+  EXPECT_FALSE(j.result.timed_out) << all_logs(j);
+  EXPECT_LT(j.seconds, 60) << all_logs(j);
+  EXPECT_NE(j.result.ranks[2].exit_code, 0) << all_logs(j);
+  EXPECT_NE(j.logs[2].find("token"), std::string::npos) << all_logs(j);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(j.result.ranks[r].exit_code, 0) << all_logs(j);
+    EXPECT_NE(j.logs[r].find("ERROR"), std::string::npos) << all_logs(j);
+  }
+}
+
 }  // namespace
 }  // namespace loom::test

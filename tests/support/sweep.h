@@ -3,6 +3,7 @@
 // closed-form values.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -40,7 +41,37 @@ struct Checker {
       report(where + " " + what + " rank " + std::to_string(rank) + " element " +
              std::to_string(i) + ": got " + std::to_string(got) + " want " + std::to_string(want));
   }
+  // Bytes [from, to) of b still hold the poison: nothing was written there.
+  void untouched(const std::vector<uint8_t>& b, size_t from, size_t to, const std::string& what) {
+    for (size_t i = from; i < to; ++i)
+      if (b[i] != kPoison) {
+        if (failures++ < 3)
+          report(where + " " + what + " rank " + std::to_string(rank) + ": byte " +
+                 std::to_string(i) + " written (" + std::to_string(b[i]) +
+                 "), where the operation must not write");
+        return;
+      }
+  }
+  // The guard after the first `bytes` of b is intact (no write past the end).
+  void guard_intact(const std::vector<uint8_t>& b, size_t bytes, const std::string& what) {
+    untouched(b, bytes, b.size(), what + " (past the end)");
+  }
+  // An input the operation only reads still holds what it held.
+  void unchanged(const std::vector<uint8_t>& b, const std::vector<uint8_t>& before,
+                 const std::string& what) {
+    if (b != before && failures++ < 3)
+      report(where + " " + what + " rank " + std::to_string(rank) + ": its input was modified");
+  }
+
+  static constexpr uint8_t kPoison = 0xEE;
+  static constexpr size_t kGuard = 64;
 };
+
+// A buffer of `bytes` plus a guard, all poisoned (kPoison): the checks above find writes
+// past the end and writes where none belong.
+inline std::vector<uint8_t> guarded(size_t bytes) {
+  return std::vector<uint8_t>(bytes + Checker::kGuard, Checker::kPoison);
+}
 
 inline std::string label(const char* op, Algo a, DType t, size_t count, bool in_place,
                          ReduceOp r = ReduceOp::kSum) {
@@ -61,45 +92,65 @@ inline int sweep(Communicator& c, const std::vector<size_t>& counts, const std::
         // allreduce
         for (ReduceOp op : kAllOps) {
           for (Algo a : algos_to_test(c, OpKind::kAllreduce)) {
-            std::vector<uint8_t> in(count * es + 1), out(count * es + 1, 0xEE);
+            auto in = guarded(count * es), out = guarded(count * es);
             fill(t, in.data(), count, op, r);
+            const auto before = in;
             void* dst = in_place ? in.data() : out.data();
             c.allreduce(in.data(), dst, count, t, op, OpOptions{a});
             std::string what = label("allreduce", a, t, count, in_place, op);
             for (size_t i = 0; i < count; ++i)
               ck.expect(load(t, dst, i), as_dtype(t, expected_value(op, t, n, i)), i, what);
+            ck.guard_intact(in, count * es, what);
+            ck.guard_intact(out, in_place ? 0 : count * es, what);
+            if (!in_place) ck.unchanged(in, before, what);
           }
           // reduce_scatter: each rank gets block r of the reduction of n*count inputs.
           for (Algo a : algos_to_test(c, OpKind::kReduceScatter)) {
-            std::vector<uint8_t> in(n * count * es + 1), out(count * es + 1, 0xEE);
+            auto in = guarded(n * count * es), out = guarded(count * es);
             fill(t, in.data(), n * count, op, r);
+            const auto before = in;
             void* dst = in_place ? in.data() + r * count * es : out.data();
             c.reduce_scatter(in.data(), dst, count, t, op, OpOptions{a});
             std::string what = label("reduce_scatter", a, t, count, in_place, op);
             for (size_t i = 0; i < count; ++i)
               ck.expect(load(t, dst, i), as_dtype(t, expected_value(op, t, n, r * count + i)), i,
                         what);
+            ck.guard_intact(in, n * count * es, what);
+            ck.guard_intact(out, in_place ? 0 : count * es, what);
+            if (!in_place) ck.unchanged(in, before, what);
           }
           // reduce to a root that moves with the count
           for (Algo a : algos_to_test(c, OpKind::kReduce)) {
             int root = static_cast<int>(count % n);
-            std::vector<uint8_t> in(count * es + 1), out(count * es + 1, 0xEE);
+            auto in = guarded(count * es), out = guarded(count * es);
             fill(t, in.data(), count, op, r);
+            const auto before = in;
             void* dst = in_place ? in.data() : out.data();
             c.reduce(in.data(), dst, count, t, op, root, OpOptions{a});
             std::string what = label("reduce", a, t, count, in_place, op);
             if (r == root)
               for (size_t i = 0; i < count; ++i)
                 ck.expect(load(t, dst, i), as_dtype(t, expected_value(op, t, n, i)), i, what);
+            ck.guard_intact(in, count * es, what);
+            if (in_place) {
+              ck.guard_intact(out, 0, what);
+            } else {
+              // Only the root's output is written; every input is only read.
+              ck.guard_intact(out, r == root ? count * es : 0, what + " (non-root output)");
+              ck.unchanged(in, before, what);
+            }
           }
         }
         // allgather: block q = rank q's values
         for (Algo a : algos_to_test(c, OpKind::kAllgather)) {
-          std::vector<uint8_t> in(count * es + 1), out(n * count * es + 1, 0xEE);
+          auto in = guarded(count * es), out = guarded(n * count * es);
           void* src = in_place ? out.data() + r * count * es : in.data();
           fill(t, src, count, ReduceOp::kSum, r);
+          const auto before = in;
           c.allgather(src, out.data(), count, t, OpOptions{a});
           std::string what = label("allgather", a, t, count, in_place);
+          ck.guard_intact(out, n * count * es, what);
+          ck.unchanged(in, before, what);
           for (int q = 0; q < n; ++q)
             for (size_t i = 0; i < count; ++i)
               ck.expect(load(t, out.data(), q * count + i),
@@ -108,11 +159,12 @@ inline int sweep(Communicator& c, const std::vector<size_t>& counts, const std::
         // broadcast from each root in turn
         for (Algo a : algos_to_test(c, OpKind::kBroadcast)) {
           for (int root = 0; root < n; root += std::max(1, n / 3)) {
-            std::vector<uint8_t> buf(count * es + 1, 0xEE);
+            auto buf = guarded(count * es);
             if (r == root) fill(t, buf.data(), count, ReduceOp::kSum, root);
             c.broadcast(buf.data(), count, t, root, OpOptions{a});
             std::string what =
                 label("broadcast", a, t, count, false) + "/root=" + std::to_string(root);
+            ck.guard_intact(buf, count * es, what);
             for (size_t i = 0; i < count; ++i)
               ck.expect(load(t, buf.data(), i), as_dtype(t, input_value(ReduceOp::kSum, root, i)),
                         i, what);
@@ -122,24 +174,33 @@ inline int sweep(Communicator& c, const std::vector<size_t>& counts, const std::
         // gather / scatter / alltoall (direct only)
         {
           int root = n - 1;
-          std::vector<uint8_t> in(count * es + 1), out(n * count * es + 1, 0xEE);
+          auto in = guarded(count * es), out = guarded(n * count * es);
           fill(t, in.data(), count, ReduceOp::kSum, r);
+          const auto gin = in;
           c.gather(in.data(), out.data(), count, t, root);
+          ck.unchanged(in, gin, "gather");
+          ck.guard_intact(out, r == root ? n * count * es : 0, "gather (non-root output)");
           if (r == root)
             for (int q = 0; q < n; ++q)
               for (size_t i = 0; i < count; ++i)
                 ck.expect(load(t, out.data(), q * count + i),
                           as_dtype(t, input_value(ReduceOp::kSum, q, i)), i, "gather");
-          std::vector<uint8_t> sin(n * count * es + 1), sout(count * es + 1, 0xEE);
+          auto sin = guarded(n * count * es), sout = guarded(count * es);
           if (r == 0) fill(t, sin.data(), n * count, ReduceOp::kSum, 7);
+          const auto sbefore = sin;
           c.scatter(sin.data(), sout.data(), count, t, 0);
+          ck.unchanged(sin, sbefore, "scatter");
+          ck.guard_intact(sout, count * es, "scatter");
           for (size_t i = 0; i < count; ++i)
             ck.expect(load(t, sout.data(), i),
                       as_dtype(t, input_value(ReduceOp::kSum, 7, r * count + i)), i, "scatter");
           // alltoall: rank q sends block p = values(q, p*count + i) to rank p.
-          std::vector<uint8_t> ain(n * count * es + 1), aout(n * count * es + 1, 0xEE);
+          auto ain = guarded(n * count * es), aout = guarded(n * count * es);
           fill(t, ain.data(), n * count, ReduceOp::kSum, r);
+          const auto abefore = ain;
           c.alltoall(ain.data(), aout.data(), count, t);
+          ck.unchanged(ain, abefore, "alltoall");
+          ck.guard_intact(aout, n * count * es, "alltoall");
           for (int q = 0; q < n; ++q)
             for (size_t i = 0; i < count; ++i)
               ck.expect(load(t, aout.data(), q * count + i),

@@ -68,9 +68,21 @@ def test_mismatched_collective_raises_on_every_rank():
 
 
 def test_recv_from_any_source():
-    got = launch("any_source", 3, LOOM_TORCH_ANY_SOURCE="1")[0]["got"]
+    got = launch("any_source", 3)[0]["got"]
     assert got[0] == [1, 10.0]
     assert sorted(got[1:]) == [[1, 11.0], [2, 20.0]], got
+
+
+def test_monitored_barrier_names_the_missing_rank():
+    res = launch("monitored_barrier", 3)
+    assert "Rank 1 failed to pass monitoredBarrier" in res[0]["msg"], res[0]
+    assert "Rank 2 successfully reached monitoredBarrier" in res[2]["msg"], res[2]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_batch_isend_irecv_and_byte_dtypes(world):
+    for r in launch("p2p_and_bytes", world):
+        assert r["checks"] == 4 + 3, r
 
 
 def test_loom_run_starts_a_torch_script():
@@ -82,3 +94,32 @@ def test_loom_run_starts_a_torch_script():
     assert p.returncode == 0, p.stderr[-3000:]
     for r in range(3):
         assert "[rank %d] rank %d of 3: sum 6" % (r, r) in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("world", [3])
+def test_pytorchs_own_distributed_suite(world, tmp_path):
+    """torch.testing._internal.distributed.distributed_test on loom and on gloo (issue 16):
+    loom passes every test gloo passes, and fails none. 3 processes run every test 2 do, and
+    those that need 3 (~2 minutes for both backends; world 2 is the same command)."""
+    got = {}
+    for backend in ("gloo", "loom"):
+        out = tmp_path / ("%s.json" % backend)
+        env = dict(os.environ, BACKEND=backend, WORLD_SIZE=str(world), LOOM_SUITE_JSON=str(out),
+                   OMP_NUM_THREADS="1", LOOM_LOG="error", TMPDIR=str(tmp_path))
+        p = subprocess.run([sys.executable, os.path.join(HERE, "torch_suite.py")], env=env,
+                           cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=900)
+        assert out.exists(), p.stdout[-5000:]
+        got[backend] = json.load(open(out))
+    gloo, loom = got["gloo"], got["loom"]
+    passed = lambda r: sorted(t for t, o in r.items() if o == "passed")  # noqa: E731
+    failed = sorted(t for t, o in loom.items() if o == "failed")
+    missing = sorted(t for t in passed(gloo) if loom.get(t) != "passed")
+    print("world %d: gloo passed %d, loom passed %d of %d tests; loom failed %s; gloo passed "
+          "but loom did not: %s" % (world, len(passed(gloo)), len(passed(loom)), len(loom),
+                                    failed, missing))
+    assert not failed, failed
+    # Only the documented exceptions (torch_suite.UNSUPPORTED, skipped with "[loom] why") may
+    # pass on gloo alone.
+    assert not [t for t in missing if not loom[t].startswith("skipped: [loom] ")], missing
+    assert len(passed(loom)) >= 80, len(passed(loom))

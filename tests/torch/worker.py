@@ -296,8 +296,63 @@ def scenario_desync():
         return {"raised": True, "msg": str(e)}
 
 
+def scenario_p2p_and_bytes():
+    """Fixes found by PyTorch's own suite (issue 16): data movement in dtypes loom does not
+    reduce; torch's batch_isend_irecv posting every irecv before its isend, on every rank,
+    with messages larger than a shared-memory ring (both sides block until the other reads)."""
+    init()
+    checks = 0
+    for dt in (torch.int8, torch.bool, torch.int16, torch.complex64):
+        src = (torch.arange(1000) % 7 == RANK).to(dt) if dt == torch.bool else \
+            (torch.arange(1000) * (RANK + 1)).to(dt)
+        t = src.clone() if RANK == 1 else torch.zeros(1000, dtype=dt)
+        dist.broadcast(t, 1)
+        want = (torch.arange(1000) % 7 == 1).to(dt) if dt == torch.bool else \
+            (torch.arange(1000) * 2).to(dt)
+        assert torch.equal(t, want), (dt, t[:8])
+        outs = [torch.zeros(1000, dtype=dt) for _ in range(WORLD)]
+        dist.all_gather(outs, src)
+        for r in range(WORLD):
+            w = (torch.arange(1000) % 7 == r).to(dt) if dt == torch.bool else \
+                (torch.arange(1000) * (r + 1)).to(dt)
+            assert torch.equal(outs[r], w), (dt, r)
+        checks += 1
+    n = 3 << 20  # 12 MiB of float32: larger than the 4 MiB ring, so a send waits for its reader
+    nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+    for rounds in range(3):
+        out = torch.full((n,), float(RANK * 10 + rounds))
+        got_prev, got_next = torch.empty(n), torch.empty(n)
+        ops = [dist.P2POp(dist.irecv, got_prev, prv), dist.P2POp(dist.irecv, got_next, nxt),
+               dist.P2POp(dist.isend, out, nxt), dist.P2POp(dist.isend, out, prv)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        assert got_prev[0].item() == prv * 10 + rounds and got_prev[-1].item() == prv * 10 + rounds
+        assert got_next[0].item() == nxt * 10 + rounds and got_next[-1].item() == nxt * 10 + rounds
+        checks += 1
+    dist.barrier()
+    return {"checks": checks}
+
+
+def scenario_monitored_barrier():
+    """pg.monitored_barrier (dist.monitored_barrier admits only gloo in torch 1.13): passes
+    when every rank arrives; names the rank that does not."""
+    init()
+    pg = dist.distributed_c10d._get_default_group()
+    pg.monitored_barrier(timedelta(seconds=20))
+    pg.monitored_barrier(timedelta(seconds=20), wait_all_ranks=True)
+    msg = ""
+    if RANK != 1:  # rank 1 stays away
+        try:
+            pg.monitored_barrier(timedelta(seconds=2))
+        except RuntimeError as e:
+            msg = str(e)
+    else:
+        time.sleep(6)
+    return {"msg": msg}
+
+
 def scenario_any_source():
-    """recv without a source (LOOM_TORCH_ANY_SOURCE=1), mixed with a named recv."""
+    """recv without a source, mixed with a named recv."""
     init()
     got = []
     if RANK == 1:
@@ -320,7 +375,8 @@ if __name__ == "__main__":
     fn = {"ops": scenario_ops, "ddp_loom": lambda: scenario_ddp("loom"),
           "ddp_gloo": lambda: scenario_ddp("gloo"), "zero": scenario_zero,
           "missing_peer": scenario_missing_peer, "desync": scenario_desync,
-          "any_source": scenario_any_source}[SCENARIO]
+          "any_source": scenario_any_source, "p2p_and_bytes": scenario_p2p_and_bytes,
+          "monitored_barrier": scenario_monitored_barrier}[SCENARIO]
     result = fn()
     with open(OUT, "w") as f:
         json.dump(result, f)

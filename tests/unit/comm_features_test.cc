@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "loom/comm/communicator.h"
 #include "loom/core/error.h"
@@ -65,6 +66,89 @@ TEST_P(Features, PointToPointBothWays) {
     c.recv(in.data(), in.size(), DType::kI64, (r + n - 1) % n);
     s->wait();
     EXPECT_EQ(in[999], (r + n - 1) % n);
+  });
+}
+
+// Every rank posts its receives before its sends (torch's batch_isend_irecv), with
+// messages four times a shared-memory ring, so each send also waits for its reader: the
+// sends and receives of one rank must progress together, or every rank waits in its first
+// receive.
+TEST_P(Features, ReceivesPostedBeforeSendsAllComplete) {
+  run_ranks(3, GetParam(), "p2p_order", [&](Communicator& c) {
+    const int n = c.size(), r = c.rank(), nxt = (r + 1) % n, prv = (r + n - 1) % n;
+    const size_t count = 4 << 20;  // 16 MiB of float32
+    for (int round = 0; round < 2; ++round) {
+      std::vector<float> out(count, float(10 * r + round)), from_prev(count, -1),
+          from_next(count, -1);
+      std::vector<WorkPtr> w;
+      w.push_back(c.recv_async(from_prev.data(), count, DType::kF32, prv));
+      w.push_back(c.recv_async(from_next.data(), count, DType::kF32, nxt));
+      w.push_back(c.send_async(out.data(), count, DType::kF32, nxt));
+      w.push_back(c.send_async(out.data(), count, DType::kF32, prv));
+      for (auto& x : w) x->wait(Deadline::after_seconds(30));
+      EXPECT_EQ(from_prev[0], float(10 * prv + round));
+      EXPECT_EQ(from_prev[count - 1], float(10 * prv + round));
+      EXPECT_EQ(from_next[count - 1], float(10 * nxt + round));
+      // A collective queued behind point-to-point traffic runs after it, on every rank.
+      float one = 1, sum = 0;
+      c.allreduce(&one, &sum, 1, DType::kF32, ReduceOp::kSum);
+      EXPECT_EQ(sum, float(n));
+    }
+  });
+}
+
+// Receives from any source get every message once, in each sender's order, mixed with
+// named receives; the work reports the sender.
+TEST_P(Features, ReceiveFromAnySource) {
+  run_ranks(4, GetParam(), "p2p_any", [&](Communicator& c) {
+    const int r = c.rank();
+    const int per_sender = 5;
+    if (r > 0) {
+      for (int k = 0; k < per_sender; ++k) {
+        std::vector<int64_t> msg(257, 100 * r + k);
+        c.send(msg.data(), msg.size(), DType::kI64, 0);
+      }
+    } else {
+      std::vector<int> next(c.size(), 0);
+      std::vector<int64_t> got(257);
+      // A named receive first: rank 2's first message is its, whatever arrived before.
+      c.recv(got.data(), got.size(), DType::kI64, 2);
+      EXPECT_EQ(got[0], 200);
+      next[2] = 1;
+      for (int m = 0; m < 3 * per_sender - 1; ++m) {
+        int source = -1;
+        c.recv_any_async(got.data(), got.size(), DType::kI64, &source)->wait();
+        ASSERT_GE(source, 1);
+        ASSERT_LE(source, 3);
+        EXPECT_EQ(got[0], 100 * source + next[source]) << "message " << m;
+        EXPECT_EQ(got[256], got[0]);
+        ++next[source];
+      }
+      EXPECT_EQ(next, (std::vector<int>{0, per_sender, per_sender, per_sender}));
+    }
+    c.barrier();
+  });
+}
+
+// A receive whose sender never sends fails at its own deadline (not the communicator's).
+TEST_P(Features, ReceiveWithoutASenderTimesOut) {
+  run_ranks(2, GetParam(), "p2p_deadline", [&](Communicator& c) {
+    if (c.rank() == 1) {  // sends nothing, and stays connected meanwhile
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return;
+    }
+    int64_t v = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    OpOptions o;
+    o.timeout_s = 0.5;
+    try {
+      c.recv(&v, 1, DType::kI64, 1, o);
+      ADD_FAILURE() << "recv without a sender returned";
+    } catch (const PeerError& e) {
+      EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 30.0) << "the receive waited for the communicator's 60 s, not its own 0.5 s";
   });
 }
 

@@ -106,5 +106,58 @@ TEST(Tuning, AutoPicksValidAlgorithmsAndHonoursOverrides) {
   }
 }
 
+// The chooser returns the cost model's winner, worked out by hand (docs/algorithms.md's
+// formulas) for a pinned model: shm 0.4 us + 12 GB/s, TCP 30 us + 1.7 GB/s. A chooser that
+// took the first valid algorithm, the last, or ignored the size would fail here.
+TEST(Tuning, AutoPicksTheCostModelsWinner) {
+  using namespace comm;
+  const CostModel m{{0.4, 12.0}, {30.0, 1.7}};
+  auto one_host = [](int n) {
+    Topology t;
+    t.size = n;
+    t.hosts = {{}};
+    for (int r = 0; r < n; ++r) t.host_of.push_back(0), t.hosts[0].push_back(r);
+    return t;
+  };
+  Topology two_hosts;  // 2 machines x 2 ranks
+  two_hosts.size = 4;
+  two_hosts.host_of = {0, 0, 1, 1};
+  two_hosts.hosts = {{0, 1}, {2, 3}};
+  struct Case {
+    OpKind op;
+    Topology topo;
+    size_t bytes;
+    Algo want;
+    const char* why;
+  };
+  const size_t MiB = 1 << 20;
+  const Case cases[] = {
+      // 4 ranks, 8 B: direct 0.4 + 0.1*2 = 0.6 us; rd 2 steps = 0.8; tree 1.6; ring 2.4.
+      {OpKind::kAllreduce, one_host(4), 8, Algo::kDirect, "latency: one step to everyone"},
+      // 256 MiB: ring 6*(0.4 + 64 MiB/12 GB/s) = 33.6 ms; tree 2.5 B/beta = 55.9 ms; rd 67 ms.
+      {OpKind::kAllreduce, one_host(4), 256 * MiB, Algo::kRing, "bandwidth: 2(n-1)/n B"},
+      // 2 ranks, 8 B: rd and direct both 0.40 us (rd listed first wins the tie).
+      {OpKind::kAllreduce, one_host(2), 8, Algo::kRd, "tie goes to the first listed"},
+      // 3 ranks (rd invalid for allgather), 8 B: direct 0.4 + 0.1 = 0.5 us; ring 2*0.4 = 0.8.
+      {OpKind::kAllgather, one_host(3), 8, Algo::kDirect, "no rd for 3 ranks"},
+      // 4 ranks, 64 MiB: ring 3*(0.4 + 16 MiB/beta) = 4195.6 us; rd 2*0.4 + 3*16 MiB/beta =
+      // 4195.0 us; direct 0.6 + 4194.3 = 4194.9 us.
+      {OpKind::kAllgather, one_host(4), 64 * MiB, Algo::kDirect, "fewest alphas at equal bytes"},
+      // 8 ranks, 64 MiB: tree 3*0.4 + B/beta + 2*256 KiB/beta = 5636 us; ring 5726; direct 7x.
+      {OpKind::kBroadcast, one_host(8), 64 * MiB, Algo::kTree, "pipelined tree"},
+      // 2 x 2 ranks, 256 MiB: hier max(local 44.7 ms, inter 158 ms) = 158 ms; a flat ring
+      // crosses TCP with 6*(30 us + 64 MiB/1.7 GB/s) = 237 ms.
+      {OpKind::kAllreduce, two_hosts, 256 * MiB, Algo::kHier, "machines: the local step hides"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(choose_algo(c.op, c.bytes, c.topo, m, Algo::kAuto), c.want)
+        << op_name(c.op) << " " << c.bytes << " B on " << c.topo.describe() << ": " << c.why;
+    // The winner is also the smallest prediction among the valid algorithms.
+    const double best = predict_us(c.op, c.want, c.bytes, c.topo, m);
+    for (Algo a : valid_algos(c.op, c.topo))
+      EXPECT_LE(best, predict_us(c.op, a, c.bytes, c.topo, m)) << algo_name(a);
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <list>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -346,9 +347,12 @@ WorkPtr Communicator::submit(Op op, bool blocking) {
     if (blocking) work->wait();
     return work;
   }
-  if (op.p2p_peer >= 0)
-    op.seq = op.p2p_send ? p2p_send_seq_[op.p2p_peer]++ : p2p_recv_seq_[op.p2p_peer]++;
-  else
+  // A receive takes its sequence number when it is posted (run_p2p), in queue order: one
+  // from any source learns its peer only then.
+  const bool p2p = op.p2p_peer != kNoPeer;
+  if (p2p && op.p2p_send)
+    op.seq = p2p_send_seq_[op.p2p_peer]++;
+  else if (!p2p)
     op.seq = next_seq_++;
   const size_t bytes = op.fp.count * dtype_size(op.fp.dtype);
   const int peer = op.p2p_peer >= 0 ? world_ranks_[op.p2p_peer] : -1;
@@ -357,6 +361,15 @@ WorkPtr Communicator::submit(Op op, bool blocking) {
     running_ = true;
     lock.unlock();
     op.record = FlightRecorder::get().queued(name_, op.seq, op.fp, bytes, true, peer, op.p2p_send);
+    if (p2p) {
+      run_p2p(std::move(op), true);
+      lock.lock();
+      running_ = false;
+      lock.unlock();
+      cv_.notify_all();
+      work->wait();  // rethrows its error
+      return work;
+    }
     std::exception_ptr err;
     try {
       run(op, true);
@@ -391,14 +404,16 @@ void Communicator::worker_loop() {
     std::exception_ptr err = broken_;
     lock.unlock();
     if (err) FlightRecorder::get().finished(op.record, false);
-    if (!err) {
+    if (!err && op.p2p_peer != kNoPeer) {
+      run_p2p(std::move(op), false);  // finishes the works itself
+    } else if (!err) {
       try {
         run(op);
       } catch (...) {
         err = std::current_exception();
       }
     }
-    op.work->finish(err);
+    if (op.work) op.work->finish(err);  // (moved out by run_p2p)
     lock.lock();
     running_ = false;
     cv_.notify_all();
@@ -485,6 +500,118 @@ void Communicator::run(Op& op, bool on_caller) {
     throw;
   }
   rec.finished(op.record, true);
+}
+
+void Communicator::run_p2p(Op first, bool on_caller) {
+  // Sends and receives progress together: every one at the front of the queue is posted at
+  // once, and more are taken from the queue while these run, so that two ranks that each
+  // post a receive and then a send to the other (torch's batch_isend_irecv) both complete.
+  // Each finishes its own work as soon as its transfer is done. A receive from any source
+  // is matched to the first pair whose next incoming message is the send it expects; the
+  // receives queued behind it wait until it is (messages of a pair arrive in order).
+  FlightRecorder& rec = FlightRecorder::get();
+  std::list<Op> live;
+  Exec x(
+      rank_, size_, pairs_, topo_, first.fp, first.seq, Deadline::never(), wait_policy_,
+      [&] {
+        check_abort();
+        if (live.empty()) return;
+        std::vector<int> who;
+        for (auto& p : pairs_)
+          if (p && p->busy()) who.push_back(world_ranks_[p->peer()]);
+        rec.waiting(live.front().record, std::move(who));
+      },
+      scratch_);
+  bool unmatched = false;  // a receive from any source is waiting for its sender
+  auto post = [&](Op& op) {
+    op.deadline = Deadline::after_seconds(op.timeout_s > 0 ? op.timeout_s : cfg_.timeout_s);
+    if (op.p2p_send) {
+      x.set_op(op.fp, op.seq);
+      op.sreq = x.send(op.p2p_peer, op.p2p_buf, op.p2p_bytes);
+    } else if (op.p2p_peer >= 0) {
+      op.seq = p2p_recv_seq_[op.p2p_peer]++;
+      rec.matched(op.record, op.seq, world_ranks_[op.p2p_peer]);
+      x.set_op(op.fp, op.seq);
+      op.rreq = x.recv(op.p2p_peer, op.p2p_buf, op.p2p_bytes);
+    } else {
+      unmatched = true;
+    }
+  };
+  live.push_back(std::move(first));
+  if (!on_caller) rec.started(live.back().record);
+  post(live.back());
+  x.set_deadline(live.back().deadline);
+  int next_peer = 0;  // where the search for an any-source sender starts (round robin)
+  auto step = [&]() -> bool {
+    bool changed = false;
+    // Match receives from any source, oldest first.
+    if (unmatched) {
+      unmatched = false;
+      for (Op& op : live) {
+        if (op.p2p_peer != kAnyPeer) continue;
+        for (int i = 0; i < size_ && op.p2p_peer == kAnyPeer; ++i) {
+          const int q = (next_peer + i) % size_;
+          FrameHeader h;
+          if (q == rank_ || pairs_[q]->receiving() || !pairs_[q]->peek(&h)) continue;
+          if (h.fingerprint().op != OpKind::kSendRecv || h.seq != p2p_recv_seq_[q]) continue;
+          next_peer = (q + 1) % size_;
+          op.p2p_peer = q;
+          *op.p2p_source = q;
+          post(op);
+          changed = true;
+        }
+        if (op.p2p_peer == kAnyPeer) {
+          unmatched = true;
+          break;
+        }
+      }
+    }
+    // Take the sends and receives queued meanwhile (without waiting for the lock).
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (lock.owns_lock()) {
+      while (!queue_.empty() && queue_.front().p2p_peer != kNoPeer &&
+             (queue_.front().p2p_send || !unmatched)) {
+        live.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+        rec.started(live.back().record);
+        post(live.back());
+        changed = true;
+      }
+      lock.unlock();
+    }
+    for (auto it = live.begin(); it != live.end();) {
+      if ((it->sreq && it->sreq->done) || (it->rreq && it->rreq->done)) {
+        rec.finished(it->record, true);
+        it->work->finish(nullptr);
+        it = live.erase(it);
+        changed = true;
+      } else {
+        ++it;
+      }
+    }
+    if (changed) {
+      Deadline d = Deadline::never();
+      for (const Op& op : live) d = d.earlier(op.deadline);
+      x.set_deadline(d);
+    }
+    return live.empty();
+  };
+  try {
+    if (!step()) x.progress_until(step);
+    x.wait_all();
+  } catch (const std::exception& e) {
+    for (const Op& op : live) rec.finished(op.record, false);
+    std::exception_ptr err = std::current_exception();
+    const auto* pe = dynamic_cast<const PeerError*>(&e);
+    if (!live.empty() && (pe || dynamic_cast<const InternalError*>(&e))) {
+      try {
+        fail(live.front(), e);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    for (const Op& op : live) op.work->finish(err);
+  }
 }
 
 void Communicator::validate(int root, const char* what) const {
@@ -716,25 +843,25 @@ WorkPtr Communicator::send_impl(bool blocking, const void* buf, size_t count, DT
   p.timeout_s = o.timeout_s;
   p.p2p_peer = peer;
   p.p2p_send = true;
-  p.body = [=](Exec& x) {
-    x.send(peer, buf, bytes);
-    x.wait_all();
-  };
+  p.p2p_buf = static_cast<std::byte*>(const_cast<void*>(buf));  // read only
+  p.p2p_bytes = bytes;
   return submit(std::move(p), blocking);
 }
 
 WorkPtr Communicator::recv_impl(bool blocking, void* buf, size_t count, DType t, int peer,
-                                OpOptions o) {
-  validate_peer(peer, "recv");
-  const size_t bytes = count * dtype_size(t);
+                                OpOptions o, int* source) {
+  if (source == nullptr) validate_peer(peer, "recv");
+  if (source && size_ < 2)
+    throw UserError(
+        "recv from any source: rank " + std::to_string(rank_) + " is alone in its communicator",
+        "receive from any source only in a communicator of 2 or more ranks");
   Op p;
   p.fp = fingerprint(OpKind::kSendRecv, t, ReduceOp::kSum, Algo::kDirect, -1, count);
   p.timeout_s = o.timeout_s;
-  p.p2p_peer = peer;
-  p.body = [=](Exec& x) {
-    x.recv(peer, buf, bytes);
-    x.wait_all();
-  };
+  p.p2p_peer = source ? kAnyPeer : peer;
+  p.p2p_buf = static_cast<std::byte*>(buf);
+  p.p2p_bytes = count * dtype_size(t);
+  p.p2p_source = source;
   return submit(std::move(p), blocking);
 }
 
@@ -824,6 +951,10 @@ WorkPtr Communicator::recv_async(void* buf, size_t count, DType t, int peer, OpO
 }
 void Communicator::recv(void* buf, size_t count, DType t, int peer, OpOptions o) {
   recv_impl(true, buf, count, t, peer, o);
+}
+WorkPtr Communicator::recv_any_async(void* buf, size_t count, DType t, int* source, OpOptions o) {
+  LOOM_CHECK(source != nullptr);
+  return recv_impl(false, buf, count, t, kAnyPeer, o, source);
 }
 
 }  // namespace loom::comm

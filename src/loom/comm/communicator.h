@@ -101,6 +101,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   WorkPtr barrier_async(OpOptions o = {});
   WorkPtr send_async(const void* buf, size_t count, DType t, int peer, OpOptions o = {});
   WorkPtr recv_async(void* buf, size_t count, DType t, int peer, OpOptions o = {});
+  // A receive from whichever rank's message arrives first (MPI_ANY_SOURCE); `*source` holds
+  // the sender's rank once the work is done. Later receives wait until it is matched.
+  WorkPtr recv_any_async(void* buf, size_t count, DType t, int* source, OpOptions o = {});
 
   // ---- blocking forms ----
   void allreduce(const void* in, void* out, size_t count, DType t, ReduceOp op, OpOptions o = {});
@@ -119,11 +122,20 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void recv(void* buf, size_t count, DType t, int peer, OpOptions o = {});
 
  private:
+  static constexpr int kNoPeer = -1, kAnyPeer = -2;
   struct Op {
     Fingerprint fp;
     double timeout_s = 0;
-    int p2p_peer = -1;  // send/recv: the peer; sequence numbers are per peer
+    // send/recv: the peer (kAnyPeer: a receive from any source, until matched); sequence
+    // numbers are per peer and direction
+    int p2p_peer = kNoPeer;
     bool p2p_send = false;
+    std::byte* p2p_buf = nullptr;
+    size_t p2p_bytes = 0;
+    int* p2p_source = nullptr;      // any source: where the matched peer goes
+    const SendReq* sreq = nullptr;  // while running (run_p2p)
+    const RecvReq* rreq = nullptr;
+    Deadline deadline = Deadline::never();
     uint64_t seq = 0;
     uint64_t record = 0;  // its flight-recorder entry
     std::function<void(Exec&)> body;
@@ -154,11 +166,14 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
                         OpOptions o);
   WorkPtr barrier_impl(bool blocking, OpOptions o);
   WorkPtr send_impl(bool blocking, const void* buf, size_t count, DType t, int peer, OpOptions o);
-  WorkPtr recv_impl(bool blocking, void* buf, size_t count, DType t, int peer, OpOptions o);
+  WorkPtr recv_impl(bool blocking, void* buf, size_t count, DType t, int peer, OpOptions o,
+                    int* source = nullptr);
 
   // Builds the op's fingerprint (choosing the algorithm) and runs or queues it.
   WorkPtr submit(Op op, bool blocking);
   void run(Op& op, bool on_caller = false);  // on_caller: its record is already "running"
+  // Runs `first` and every send/receive queued behind it together, finishing each op's work.
+  void run_p2p(Op first, bool on_caller);
   void worker_loop();
   void check_abort();
   [[noreturn]] void fail(const Op& op, const std::exception& e);

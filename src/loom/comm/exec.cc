@@ -35,6 +35,12 @@ Exec::Exec(int rank, int size, std::vector<std::unique_ptr<Pair>>& pairs, const 
       check_abort_(std::move(check_abort)),
       scratch_(scratch) {}
 
+void Exec::set_op(const Fingerprint& fp, uint64_t seq) {
+  fp_ = fp;
+  seq_ = seq;
+  esize_ = dtype_size(fp.dtype);
+}
+
 SendReq* Exec::send(int peer, const void* buf, size_t bytes) {
   LOOM_CHECK(peer != rank_ && peer >= 0 && peer < size_);
   SendReq& r = sends_.emplace_back();
@@ -121,7 +127,8 @@ void Exec::timed_out() {
   throw PeerError(PeerError::Kind::kTimeout,
                   "rank " + std::to_string(rank_) + " timed out in " + fp_.str() +
                       " at sequence number " + std::to_string(seq_) + " waiting for rank(s) " +
-                      waiting + " (deadline from LOOM_TIMEOUT_S or the call's timeout)");
+                      waiting +
+                      " (the timeout comes from LOOM_TIMEOUT_S or the call's timeout option)");
 }
 
 void Exec::progress_until(const std::function<bool()>& done) {

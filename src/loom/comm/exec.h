@@ -38,8 +38,11 @@ class Exec {
   DType dtype() const { return fp_.dtype; }
   ReduceOp redop() const { return fp_.redop; }
   size_t esize() const { return esize_; }
-  // Point-to-point operations use their own per-peer sequence numbers.
+  // Point-to-point operations use their own per-peer sequence numbers, and several run in
+  // one Exec (Communicator::run_p2p): each request is posted under its own operation.
   void set_seq(uint64_t seq) { seq_ = seq; }
+  void set_op(const Fingerprint& fp, uint64_t seq);
+  void set_deadline(Deadline d) { deadline_ = d; }
 
   SendReq* send(int peer, const void* buf, size_t bytes);
   RecvReq* recv(int peer, void* dst, size_t bytes, const RecvReq* after = nullptr);
@@ -54,6 +57,8 @@ class Exec {
   void wait(const RecvReq* r);
   void wait(const SendReq* s);
   void wait_all();
+  // Progresses every busy pair until done() (called between rounds) returns true.
+  void progress_until(const std::function<bool()>& done);
 
   // The peers (ranks of this communicator) with transfers still open.
   std::vector<int> busy_peers() const;
@@ -62,7 +67,6 @@ class Exec {
   std::byte* scratch(size_t bytes);
 
  private:
-  void progress_until(const std::function<bool()>& done);
   bool copy_some();  // one piece of a background copy; false when none is pending
   [[noreturn]] void timed_out();
 

@@ -268,6 +268,11 @@ void FlightRecorder::started(uint64_t id) {
   if (FlightEntry* e = find(id)) e->state = OpState::kRunning, e->started_s = t;
 }
 
+void FlightRecorder::matched(uint64_t id, uint64_t seq, int peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (FlightEntry* e = find(id)) e->seq = seq, e->peer = peer;
+}
+
 void FlightRecorder::finished(uint64_t id, bool ok) {
   const double t = now_s();
   std::optional<FlightEntry> done;

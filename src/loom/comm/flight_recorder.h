@@ -56,6 +56,8 @@ class FlightRecorder {
   uint64_t queued(std::shared_ptr<const std::string> comm, uint64_t seq, const Fingerprint& fp,
                   size_t bytes, bool running = false, int peer = -1, bool send = false);
   void started(uint64_t id);
+  // A receive's sequence number (and, from any source, its peer) once it is matched.
+  void matched(uint64_t id, uint64_t seq, int peer);
   void finished(uint64_t id, bool ok);
   void waiting(uint64_t id, std::vector<int> world_ranks);
 

@@ -96,6 +96,7 @@ class Pair {
   void post(RecvReq* r) { recvs_.push_back(r); }
   bool busy() const { return !sends_.empty() || !recvs_.empty(); }
   bool sending() const { return !sends_.empty(); }
+  bool receiving() const { return !recvs_.empty(); }
 
   // Moves what it can without blocking; returns whether anything moved.
   // Throws PeerError on a closed connection, a dead peer or a mismatched header.
@@ -106,6 +107,9 @@ class Pair {
   // Throws PeerError(kDead) when the peer process is gone. Cheap enough for every ~100 ms.
   virtual void check_peer() {}
   virtual const char* kind() const = 0;
+  // With no receive posted: the header of the next incoming message, if it has arrived,
+  // without consuming it (how a receive from any source finds its sender).
+  virtual bool peek(FrameHeader* h) = 0;
   // Drops queued requests (after an error, before their buffers go away).
   void cancel_all() {
     sends_.clear();

@@ -178,6 +178,15 @@ bool ShmPair::progress_send() {
   return moved;
 }
 
+bool ShmPair::peek(FrameHeader* h) {
+  if (rx_tail_seen_ == rx_pos_) {
+    rx_tail_seen_ = load_acquire(rx_tail_);
+    if (rx_tail_seen_ == rx_pos_) return false;
+  }
+  std::memcpy(h, rx_data_ + (rx_pos_ & mask_), sizeof *h);  // a header slot never wraps
+  return true;
+}
+
 bool ShmPair::progress_recv() {
   bool moved = false;
   while (!recvs_.empty()) {

@@ -32,6 +32,7 @@ class ShmPair : public Pair {
   bool progress() override;
   void check_peer() override;
   const char* kind() const override { return "shm"; }
+  bool peek(FrameHeader* h) override;
 
  private:
   bool progress_send();

@@ -135,6 +135,17 @@ bool TcpPair::progress_send() {
   return moved;
 }
 
+bool TcpPair::peek(FrameHeader* h) {
+  ssize_t n =
+      ::recv(streams_[0].fd.get(), reinterpret_cast<char*>(h), kHdr, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) fail("was closed", 0);
+  if (n < 0) {
+    if (would_block()) return false;
+    fail("failed while receiving", errno);
+  }
+  return static_cast<size_t>(n) == kHdr;
+}
+
 bool TcpPair::progress_recv() {
   bool moved = false;
   while (!recvs_.empty()) {

@@ -25,6 +25,7 @@ class TcpPair : public Pair {
   void poll_fds(std::vector<pollfd>& out) const override;
   bool polled() const override { return true; }
   const char* kind() const override { return "tcp"; }
+  bool peek(FrameHeader* h) override;
 
   static int default_streams();
 
