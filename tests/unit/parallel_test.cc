@@ -12,6 +12,7 @@
 #include "loom/kernels/cpu/kernels.h"
 #include "loom/model/gpt.h"
 #include "loom/model/vocab_parallel_loss.h"
+#include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/tensor_parallel.h"
 #include "support/thread_ranks.h"
@@ -319,6 +320,100 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelStep,
                                   (info.param.sequence_parallel ? "_sp" : "") +
                                   (info.param.recompute ? "_recompute" : "") +
                                   (info.param.split_backward ? "_split" : "");
+                         });
+
+// ---- data parallelism and ZeRO with thread ranks ----
+
+struct DpCase {
+  int n, zero;
+};
+
+class DataParallelSteps : public ::testing::TestWithParam<DpCase> {};
+
+// A model whose blocks dominate (16 blocks, each 6% of the parameters; in `tiny` the
+// embedding is 97%, so ZeRO's bounds there hide a unit that is never freed): three AdamW
+// steps of a global batch of 4 rows on n thread ranks reproduce one process's losses within
+// 1e-5, and each rank's model-state high-water mark (its own StateMemory account) is
+// ZeRO's formula plus at most the unit-sized buffers the stage keeps in flight
+// (docs/algorithms.md): stage 2, the gradient being computed and <= 2 in reduction; stage 3
+// also the gathered parameters of the unit in use and of the next. Every unit size keeps its
+// own pool of such buffers, so the embedding's (its own size) add to the blocks'.
+TEST_P(DataParallelSteps, LossesOfOneProcessAndZerosMemory) {
+  const DpCase k = GetParam();
+  model::GptConfig cfg;
+  cfg.n_layer = 16, cfg.n_head = 4, cfg.n_embd = 64, cfg.block_size = 16;
+  cfg.vocab_size = 250, cfg.padded_vocab_size = 256;
+  const int rows = 4, T = 16, steps = 3;
+  std::mt19937 rng(5);
+  std::vector<int> tokens(steps * rows * T), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = rng() % 250, targets[i] = rng() % 250;
+  optim::AdamWParams adam;
+
+  // Runs the steps on this rank (dp = null: one process); returns the mean loss per step.
+  auto run = [&](std::shared_ptr<comm::Communicator> dp, int zero, int rank, int n) {
+    model::Gpt m(cfg, /*own_storage=*/false);
+    parallel::DpOptions o;
+    o.zero = zero;
+    parallel::DataParallel engine(m, parallel::DpGroups{dp, nullptr, nullptr, nullptr}, o);
+    engine.init_weights(7);
+    std::vector<float> losses;
+    const int mine = rows / n;
+    for (int s = 0; s < steps; ++s) {
+      const size_t at = (static_cast<size_t>(s) * rows + rank * mine) * T;
+      engine.zero_grad();
+      float loss = engine.forward(tokens.data() + at, targets.data() + at, mine, T);
+      engine.backward(1.0f, true);
+      engine.finish_gradients();
+      engine.optimizer_step(1.0f, 1e-3, adam, s + 1);
+      if (dp) dp->allreduce(&loss, &loss, 1, DType::kF32, comm::ReduceOp::kAvg);
+      losses.push_back(loss);
+    }
+    return losses;
+  };
+  const std::vector<float> want = run(nullptr, 0, 0, 1);
+
+  std::vector<StateMemory> accounts(k.n);
+  std::vector<std::vector<float>> got(k.n);
+  run_ranks(k.n, Layout::kShm, "dpsteps", [&](comm::Communicator& c) {
+    StateMemory::Scope scope(accounts[c.rank()]);
+    got[c.rank()] = run(c.shared_from_this(), k.zero, c.rank(), k.n);
+  });
+  for (int r = 0; r < k.n; ++r)
+    for (int s = 0; s < steps; ++s)
+      EXPECT_NEAR(got[r][s], want[s], 1e-5 * want[s]) << "rank " << r << " step " << s;
+
+  // ZeRO's formulas (Rajbhandari et al.): 16 bytes per parameter unsharded (fp32 weights,
+  // gradients, Adam m and v), less as the stage shards more of them.
+  model::Gpt shape(cfg, false);
+  std::vector<double> units;
+  for (int u = 0; u < shape.num_units(); ++u)
+    units.push_back(static_cast<double>(shape.unit_range(u).second - shape.unit_range(u).first));
+  const double psi = std::accumulate(units.begin(), units.end(), 0.0);
+  // Bytes of one buffer of each size: a block (every block is the same size), and the two
+  // other units (the embedding first, the final LayerNorm last).
+  const double block = 4 * units[1], ends = 4 * (units.front() + units.back());
+  ASSERT_LT(units[1], 0.1 * psi) << "each block should be a small part of the model";
+  const double S = k.n, pad = 16.0 * units.size() * S;
+  double expected = 16 * psi, allowance = pad;
+  if (k.zero == 1) expected = 8 * psi + 8 * psi / S;
+  if (k.zero == 2) expected = 4 * psi + 12 * psi / S, allowance += 3 * block + 3 * ends;
+  if (k.zero == 3) expected = 16 * psi / S, allowance += (2 + 3) * block + 2 * ends;
+  for (int r = 0; r < k.n; ++r) {
+    const double peak = static_cast<double>(accounts[r].peak_bytes());
+    EXPECT_GE(peak, 0.999 * expected) << "rank " << r;
+    EXPECT_LE(peak, expected + allowance)
+        << "rank " << r << ": " << peak / 1e6 << " MB of model state, formula " << expected / 1e6
+        << " MB + at most " << allowance / 1e6 << " MB in flight";
+    EXPECT_EQ(accounts[r].current_bytes(), 0u) << "rank " << r << ": state left allocated";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, DataParallelSteps,
+                         ::testing::Values(DpCase{2, 0}, DpCase{2, 1}, DpCase{2, 2}, DpCase{2, 3},
+                                           DpCase{4, 2}, DpCase{4, 3}),
+                         [](const auto& info) {
+                           return "n" + std::to_string(info.param.n) + "_zero" +
+                                  std::to_string(info.param.zero);
                          });
 
 }  // namespace

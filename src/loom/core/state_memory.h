@@ -1,7 +1,13 @@
 // Accounting of model-state memory (parameters, gradients, optimizer moments, gathered
 // unit buffers): every such buffer is a StateVector, whose allocator counts the bytes it
 // holds, so ZeRO's memory formulas can be checked against the real high-water mark of
-// those allocations (tests/integration/dp_e2e.py) instead of against RSS.
+// those allocations (tests/integration/dp_e2e.py, and per rank with thread ranks in
+// tests/unit/parallel_test.cc) instead of against RSS.
+//
+// Counting goes to the calling thread's account: the process's, unless a
+// StateMemory::Scope on that thread names another (one per rank when ranks are threads of
+// one process). Each block remembers its account, so a free on another thread subtracts
+// from the right one.
 #pragma once
 
 #include <atomic>
@@ -13,35 +19,64 @@ namespace loom {
 
 class StateMemory {
  public:
-  static size_t current() { return current_.load(std::memory_order_relaxed); }
-  static size_t peak() { return peak_.load(std::memory_order_relaxed); }
-  static void add(size_t bytes) {
-    const size_t now = current_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  // The calling thread's account.
+  static StateMemory& mine() { return *scope_; }
+  static size_t current() { return mine().now_.load(std::memory_order_relaxed); }
+  static size_t peak() { return mine().peak_.load(std::memory_order_relaxed); }
+
+  size_t current_bytes() const { return now_.load(std::memory_order_relaxed); }
+  size_t peak_bytes() const { return peak_.load(std::memory_order_relaxed); }
+  void add(size_t bytes) {
+    const size_t now = now_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     size_t p = peak_.load(std::memory_order_relaxed);
     while (now > p && !peak_.compare_exchange_weak(p, now, std::memory_order_relaxed)) {
     }
   }
-  static void sub(size_t bytes) { current_.fetch_sub(bytes, std::memory_order_relaxed); }
+  void sub(size_t bytes) { now_.fetch_sub(bytes, std::memory_order_relaxed); }
+
+  // While alive, this thread's allocations count in `account`.
+  class Scope {
+   public:
+    explicit Scope(StateMemory& account) : saved_(scope_) { scope_ = &account; }
+    ~Scope() { scope_ = saved_; }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    StateMemory* saved_;
+  };
 
  private:
-  static inline std::atomic<size_t> current_{0};
-  static inline std::atomic<size_t> peak_{0};
+  std::atomic<size_t> now_{0};
+  std::atomic<size_t> peak_{0};
+  static StateMemory process_;
+  static thread_local StateMemory* scope_;
 };
+
+inline StateMemory StateMemory::process_;
+inline thread_local StateMemory* StateMemory::scope_ = &StateMemory::process_;
 
 template <typename T>
 struct StateAllocator {
   using value_type = T;
+  // Each block starts with a 64-byte header holding its account (the data stays 64-byte
+  // aligned).
+  static constexpr size_t kHeader = 64;
   StateAllocator() = default;
   template <typename U>
   StateAllocator(const StateAllocator<U>&) {}  // NOLINT: allocators convert implicitly
   T* allocate(size_t n) {
-    T* p = static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
-    StateMemory::add(n * sizeof(T));
-    return p;
+    auto* base =
+        static_cast<std::byte*>(::operator new (kHeader + n * sizeof(T), std::align_val_t{64}));
+    StateMemory* account = &StateMemory::mine();
+    *reinterpret_cast<StateMemory**>(base) = account;
+    account->add(n * sizeof(T));
+    return reinterpret_cast<T*>(base + kHeader);
   }
   void deallocate(T* p, size_t n) {
-    StateMemory::sub(n * sizeof(T));
-    ::operator delete (p, std::align_val_t{64});
+    std::byte* base = reinterpret_cast<std::byte*>(p) - kHeader;
+    (*reinterpret_cast<StateMemory**>(base))->sub(n * sizeof(T));
+    ::operator delete (base, std::align_val_t{64});
   }
   template <typename U>
   bool operator==(const StateAllocator<U>&) const {

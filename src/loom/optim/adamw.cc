@@ -44,7 +44,8 @@ void AdamW::step(float* params, const float* grads, float grad_scale, double lr,
   std::shared_future<void> loaded[2], saved;
   auto span = [&](size_t c) { return std::pair{c * kChunk, std::min(n, (c + 1) * kChunk)}; };
   auto load = [&](size_t c) {
-    const auto [lo, hi] = span(c);
+    // (Named variables, not a structured binding: clang 14 cannot capture one.)
+    const size_t lo = span(c).first, hi = span(c).second;
     auto& b = buf[c % 2];
     for (auto& x : b) x.resize(kChunk);
     loaded[c % 2] = file_->io().submit([this, &b, lo, hi] {
@@ -57,7 +58,7 @@ void AdamW::step(float* params, const float* grads, float grad_scale, double lr,
     for (size_t c = 0; c < chunks; ++c) {
       if (c + 1 < chunks) load(c + 1);
       loaded[c % 2].get();
-      const auto [lo, hi] = span(c);
+      const size_t lo = span(c).first, hi = span(c).second;
       auto& b = buf[c % 2];
       update(params, grads, b[0].data(), b[1].data(), lo, hi, grad_scale, lr, p, t);
       saved = file_->io().submit([this, &b, lo, hi] {

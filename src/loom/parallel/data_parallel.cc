@@ -290,8 +290,12 @@ std::vector<ckpt::Piece> DataParallel::checkpoint_pieces() {
               opt_.zero == 3 ? own_param(u) + (a - x.own_begin) : full_param(u) + (a - x.begin);
           const ckpt::Region reg = region_of(t, b, n);
           pieces.push_back({"param/" + t.name, t.shape, reg, p, {}});
-          for (auto [name, which] :
+          for (const auto& moment :
                {std::pair{"adam_m/", optim::AdamW::kM}, std::pair{"adam_v/", optim::AdamW::kV}}) {
+            // Named variables: the lambda below captures `which`, and clang 14 cannot
+            // capture a structured binding.
+            const std::string name = moment.first;
+            const auto which = moment.second;
             const float* mem = adam->in_memory(which);  // else streamed from the file
             const size_t off = a - mbase;
             pieces.push_back({name + t.name, t.shape, reg, mem ? mem + off : nullptr,
