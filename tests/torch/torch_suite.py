@@ -101,7 +101,7 @@ class TestDistBackendWithFork(suite.TestDistBackend, suite.DistributedTest._Dist
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
 
-for _name, _why in UNSUPPORTED.items():
+for _name, _why in UNSUPPORTED.items() if BACKEND == "loom" else ():
     if hasattr(TestDistBackendWithFork, _name):
         setattr(TestDistBackendWithFork, _name,
                 unittest.skip("[loom] " + _why)(getattr(TestDistBackendWithFork, _name)))
