@@ -243,18 +243,30 @@ struct StepCase {
 
 class TensorParallelStep : public ::testing::TestWithParam<StepCase> {};
 
+// A small GPT for thread-rank tests: 4 heads, context 16, a vocabulary of 250 (padded 256).
+model::GptConfig small_gpt(int n_layer, int n_embd) {
+  model::GptConfig cfg;
+  cfg.n_layer = n_layer, cfg.n_head = 4, cfg.n_embd = n_embd, cfg.block_size = 16;
+  cfg.vocab_size = 250, cfg.padded_vocab_size = 256;
+  return cfg;
+}
+
+// n random tokens and targets of that vocabulary.
+void random_tokens(unsigned seed, size_t n, std::vector<int>& tokens, std::vector<int>& targets) {
+  std::mt19937 rng(seed);
+  tokens.resize(n), targets.resize(n);
+  for (size_t i = 0; i < n; ++i) tokens[i] = rng() % 250, targets[i] = rng() % 250;
+}
+
 // Same seed, same batch: the initial weights gathered from the shards equal one process's
 // bit for bit; the loss is within 1e-5 relative and every gradient, gathered, within 1e-5
 // (normalised max error per tensor); replicated tensors' gradients agree on every rank.
 TEST_P(TensorParallelStep, GradientsEqualOneProcess) {
   const StepCase k = GetParam();
-  model::GptConfig cfg;
-  cfg.n_layer = 2, cfg.n_head = 4, cfg.n_embd = 32, cfg.block_size = 16;
-  cfg.vocab_size = 250, cfg.padded_vocab_size = 256;
+  const model::GptConfig cfg = small_gpt(2, 32);
   const int B = 2, T = 16;
-  std::mt19937 rng(11);
-  std::vector<int> tokens(B * T), targets(B * T);
-  for (int i = 0; i < B * T; ++i) tokens[i] = rng() % 250, targets[i] = rng() % 250;
+  std::vector<int> tokens, targets;
+  random_tokens(11, B * T, tokens, targets);
   model::Gpt ref(cfg);
   ref.init(42);
   ref.zero_grad();
@@ -340,13 +352,10 @@ class DataParallelSteps : public ::testing::TestWithParam<DpCase> {};
 // own pool of such buffers, so the embedding's (its own size) add to the blocks'.
 TEST_P(DataParallelSteps, LossesOfOneProcessAndZerosMemory) {
   const DpCase k = GetParam();
-  model::GptConfig cfg;
-  cfg.n_layer = 16, cfg.n_head = 4, cfg.n_embd = 64, cfg.block_size = 16;
-  cfg.vocab_size = 250, cfg.padded_vocab_size = 256;
+  const model::GptConfig cfg = small_gpt(16, 64);
   const int rows = 4, T = 16, steps = 3;
-  std::mt19937 rng(5);
-  std::vector<int> tokens(steps * rows * T), targets(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = rng() % 250, targets[i] = rng() % 250;
+  std::vector<int> tokens, targets;
+  random_tokens(5, steps * rows * T, tokens, targets);
   optim::AdamWParams adam;
 
   // Runs the steps on this rank (dp = null: one process); returns the mean loss per step.
