@@ -293,23 +293,33 @@ void FlightRecorder::trace(const FlightEntry& e) {
   const double epoch_us =
       std::chrono::duration<double, std::micro>(kStart.time_since_epoch()).count();
   const std::string op = e.fp.str(), comm = e.comm ? *e.comm : "?";
+  // A communicator's collectives run one at a time: one track. Its sends and receives run
+  // together (Communicator::run_p2p), but those of one direction with one peer go through
+  // their pair in order: one track each, where a transfer starts when the one before it
+  // ended (the wait counts as queued).
+  std::string track = comm;
+  if (e.peer >= 0) track += (e.send ? " send to " : " recv from ") + std::to_string(e.peer);
+  int tid;
+  double start_s = e.started_s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tracks_.find(track);
+    if (it == tracks_.end())
+      it = tracks_.emplace(track, 10 + static_cast<int>(tracks_.size())).first;
+    tid = it->second;
+    double& last = track_end_[track];
+    start_s = std::min(std::max(start_s, last), e.ended_s);
+    last = e.ended_s;
+  }
   nlohmann::json args = {{"op", op},
                          {"bytes", e.bytes},
                          {"seq", e.seq},
                          {"comm", comm},
                          {"algo", algo_name(e.fp.algo)},
-                         {"queued_us", (e.started_s - e.queued_s) * 1e6},
+                         {"queued_us", (start_s - e.queued_s) * 1e6},
                          {"ok", e.state == OpState::kDone}};
   if (e.peer >= 0) args["peer"] = e.peer, args["direction"] = e.send ? "send" : "recv";
-  int tid;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = tracks_.find(comm);
-    if (it == tracks_.end())
-      it = tracks_.emplace(comm, 10 + static_cast<int>(tracks_.size())).first;
-    tid = it->second;
-  }
-  Trace::get().add(op.substr(0, op.find('(')), "comm", epoch_us + e.started_s * 1e6,
+  Trace::get().add(op.substr(0, op.find('(')), "comm", epoch_us + start_s * 1e6,
                    epoch_us + e.ended_s * 1e6, tid, args.dump());
 }
 

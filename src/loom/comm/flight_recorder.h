@@ -66,7 +66,8 @@ class FlightRecorder {
   // One line per entry: "#seq op on 'comm': state for 1.2 s, waiting for ranks 2".
   static std::string describe(const FlightEntry& e, double now);
   // The timeline's track (thread id) of each communicator that finished an operation while
-  // tracing was on (loom/profile/trace.h).
+  // tracing was on (loom/profile/trace.h), and of each direction and peer of its sends and
+  // receives ("world send to 1").
   std::map<std::string, int> tracks() const;
 
  private:
@@ -78,7 +79,8 @@ class FlightRecorder {
   std::deque<FlightEntry> ring_;
   size_t capacity_;
   uint64_t next_id_ = 0;
-  std::map<std::string, int> tracks_;
+  std::map<std::string, int> tracks_;        // timeline track (thread id) of each
+  std::map<std::string, double> track_end_;  // and when its last span ended
 };
 
 // Starts the process's watchdog once (later calls do nothing). `store` is a connection of
