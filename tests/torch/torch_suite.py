@@ -12,6 +12,7 @@ reason, and skipped with that reason.
   ... torch_suite.py -k test_broadcast        (unittest's name filter)
   BACKEND=gloo ...                             (the same tests on gloo, for comparison)
   LOOM_SUITE_JSON=out.json ...                 (every test's outcome, as JSON)
+  LOOM_SUITE_ONLY=test_a,test_b ...            (with LOOM_SUITE_JSON: just these tests)
 tests/torch/test_loom_torch.py runs it for loom and gloo on 2 and 3 processes and requires
 loom to pass every test gloo passes.
 """
@@ -111,6 +112,9 @@ def run_to_json(path):
     """Runs every test; writes {test name: "passed" | "failed" | "skipped: why"} to path."""
     import json
     tests = unittest.TestLoader().loadTestsFromTestCase(TestDistBackendWithFork)
+    only = [t for t in os.environ.get("LOOM_SUITE_ONLY", "").split(",") if t]
+    if only:  # just these tests (by name)
+        tests = unittest.TestSuite(t for t in tests if t.id().rsplit(".", 1)[-1] in only)
     name = lambda t: t.id().rsplit(".", 1)[-1]  # noqa: E731
     out = {name(t): "passed" for t in tests}  # (the suite drops each test once it ran)
     result = unittest.TextTestRunner(stream=sys.stderr, verbosity=1).run(tests)
