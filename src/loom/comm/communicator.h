@@ -137,8 +137,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     const RecvReq* rreq = nullptr;
     Deadline deadline = Deadline::never();
     uint64_t seq = 0;
-    uint64_t record = 0;  // its flight-recorder entry
-    std::function<void(Exec&)> body;
+    uint64_t record = 0;              // its flight-recorder entry
+    std::function<void(Exec&)> body;  // collectives (send/recv are run by run_p2p)
     WorkPtr work;
   };
 

@@ -40,7 +40,6 @@ class Exec {
   size_t esize() const { return esize_; }
   // Point-to-point operations use their own per-peer sequence numbers, and several run in
   // one Exec (Communicator::run_p2p): each request is posted under its own operation.
-  void set_seq(uint64_t seq) { seq_ = seq; }
   void set_op(const Fingerprint& fp, uint64_t seq);
   void set_deadline(Deadline d) { deadline_ = d; }
 
