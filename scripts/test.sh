@@ -51,8 +51,7 @@ if [ "${LOOM_TEST_QUICK:-0}" != 1 ]; then
   CC=clang CXX=clang++ cmake -S . -B build-clang -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DLOOM_WERROR=ON -DLOOM_FUZZ=ON -DLOOM_BUILD_TESTS=OFF > /dev/null
   cmake --build build-clang -j "$(nproc)"
-  step "libFuzzer: store wire decoder"
-  mkdir -p build-clang/corpus
-  ./build-clang/tests/fuzz/store_wire_fuzz -max_total_time=30 -max_len=4096 build-clang/corpus
+  step "libFuzzer: every parser of outside input, 30 s each (scripts/fuzz.sh)"
+  bash scripts/fuzz.sh build-clang 30
 fi
 step "all tests passed"

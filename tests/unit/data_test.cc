@@ -241,5 +241,49 @@ TEST(Loader, DamagedShardsAreReportedByName) {
   fs::remove_all(out);
 }
 
+// Findings of tests/fuzz (shard_fuzz, data_manifest_fuzz): a shard whose ids leave the
+// vocabulary (the model would index outside its embedding) or whose token count wraps the
+// byte size into agreement, and manifests of the wrong types or naming files outside the
+// folder, are UserErrors naming the file. (Checked by reverting each check in shard.cc and
+// loader.cc: the shard cases open, the manifests throw nlohmann's type_error.)
+TEST(Loader, CraftedShardsAndManifestsAreRefused) {
+  std::string dir = fresh_dir("crafted");
+  fs::create_directories(dir);
+  auto refused = [&](const std::string& what, const std::string& needle) {
+    try {
+      TokenDataset::open(dir, "train");
+      ADD_FAILURE() << what << " was accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": " << e.what();
+    }
+  };
+  auto manifest = [&](const std::string& text) { write_file(dir + "/manifest.json", text); };
+  write_shard(dir + "/train_000000.bin", {1, 2, 50257, 4}, 0, 0, Gpt2Tokenizer::kVocabSize);
+  manifest(R"({"shards": [{"file": "train_000000.bin", "split": "train", "tokens": 4}]})");
+  refused("a shard holding id 50257", "outside the vocabulary");
+  // token_count = 2^63 + 4: twice it wraps to 8 bytes, the size of four tokens.
+  write_shard(dir + "/train_000000.bin", {1, 2, 3, 4}, 0, 0, Gpt2Tokenizer::kVocabSize);
+  {
+    std::fstream f(dir + "/train_000000.bin", std::ios::in | std::ios::out | std::ios::binary);
+    const uint64_t count = (uint64_t{1} << 63) + 4;
+    f.seekp(16);
+    f.write(reinterpret_cast<const char*>(&count), sizeof count);
+  }
+  refused("a shard whose token count wraps", "truncated or padded");
+  write_shard(dir + "/train_000000.bin", {1, 2, 3, 4}, 0, 0, Gpt2Tokenizer::kVocabSize);
+  EXPECT_EQ(TokenDataset::open(dir, "train").tokens(), 4u);
+  manifest(R"({"shards": {"file": "train_000000.bin"}})");
+  refused("shards as an object", "no \"shards\" array");
+  manifest(R"({"shards": [{"file": 7, "split": "train", "tokens": 4}]})");
+  refused("a file name that is a number", "manifest.json is damaged");
+  manifest(R"({"shards": [{"file": "train_000000.bin", "split": "train", "tokens": "4"}]})");
+  refused("a token count that is a string", "manifest.json is damaged");
+  manifest(R"({"shards": [{"file": "../x/train_000000.bin", "split": "train", "tokens": 4}]})");
+  refused("a shard outside the folder", "not a file name inside the folder");
+  manifest("[1, 2]");
+  refused("a manifest that is an array", "no \"shards\" array");
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace loom::data

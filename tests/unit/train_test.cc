@@ -274,6 +274,87 @@ TEST(Checkpoint, BoxesOfTensorParallelShardsReadBackInAnyLayout) {
             (std::vector<float>{3, 4, 5, 9, 10, 11, 15, 16, 17, 21, 22, 23}));
 }
 
+// Findings of tests/fuzz/config_fuzz.cc: toml++ 3.3 reaches __builtin_unreachable on some
+// non-ASCII characters where whitespace may stand, so they are refused before it parses;
+// inside strings and comments they are fine. (Mutation checked: without the scan, the
+// first file reaches toml++'s unreachable — UBSan reports it in the ASan build.)
+TEST(Config, NonAsciiOutsideStringsIsRefusedFirst) {
+  auto dir = temp_dir("cfgutf8");
+  EXPECT_NE(error_of([&] {
+              TrainConfig::load(write(dir, "[data]\npath = \"d\"\u00e9\n"), {});
+            }).find("line 2, column 11): a non-ASCII character outside a string"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              TrainConfig::load(write(dir, "[data]\npath = \"d\"\n[train]\u0416\n"), {});
+            }).find("line 3"),
+            std::string::npos);
+  TrainConfig c = TrainConfig::load(
+      write(dir, "# \u00e9t\u00e9\n[data]\npath = \"caf\u00e9/\u0416\" # \u0416\n"), {});
+  EXPECT_EQ(c.data_path, "caf\u00e9/\u0416");
+  // An override that is not TOML is a bare string, non-ASCII or not.
+  EXPECT_EQ(TrainConfig::load("", {"data.path=\u0416/d", "run.dir=r"}).data_path, "\u0416/d");
+  EXPECT_EQ(error_of([&] { TrainConfig::load(write(dir, ""), {"data.path=d"}); }), "");
+}
+
+// Findings of tests/fuzz/ckpt_manifest_fuzz.cc: a manifest's fields are checked for type and
+// range when it is opened, so damage is a UserError naming the manifest, never nlohmann's
+// type_error, a read of a file outside the folder, a read past a piece's box, or an
+// allocation of what a count claims. (Mutation checked: without manifest_problem() the
+// first four throw type_error or read outside the tensor under ASan.)
+TEST(Checkpoint, DamagedManifestsAreRefusedByName) {
+  auto dir = temp_dir("ckptbad");
+  std::vector<float> data(64);
+  std::iota(data.begin(), data.end(), 0.0f);
+  std::ofstream(dir + "/data-00000.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(data.data()), 256);
+  const uint64_t sum = checksum64(data.data(), 256);
+  auto manifest = [&](const std::string& tensor) {
+    std::ofstream(dir + "/manifest.json")
+        << R"({"format": "loom-checkpoint", "version": 2, "meta": {}, "tensors": {"w": )" << tensor
+        << "}}";
+  };
+  auto piece = [&](const std::string& extra) {
+    return R"({"shape": [8, 8], "pieces": [{"file": "data-00000.bin", "offset": 0, "begin": 0,
+               "count": 64, "checksum": )" +
+           std::to_string(sum) + extra + "}]}";
+  };
+  manifest(piece(""));
+  std::vector<float> got(64);
+  ckpt::Reader(dir).read("w", 0, 64, got.data());
+  EXPECT_EQ(got, data);
+  auto refused = [&](const std::string& tensor, const std::string& needle) {
+    manifest(tensor);
+    const std::string e = error_of([&] {
+      ckpt::Reader r(dir);
+      r.read("w", 0, 64, got.data());
+    });
+    EXPECT_NE(e.find(needle), std::string::npos) << tensor << ": " << e;
+  };
+  refused(R"({"shape": "8x8", "pieces": []})", "has no valid shape");
+  refused(R"({"shape": [8, 8], "pieces": [{"file": "data-00000.bin"}]})", "\"offset\" is not");
+  refused(piece(R"(, "start": [0], "extent": [8])"), "do not match the tensor's rank");
+  refused(piece(R"(, "start": [4, 0], "extent": [8, 8])"), "lies outside the tensor");
+  std::string outside = piece("");
+  outside.replace(outside.find("data-00000.bin"), 14, "../etc/passwd");
+  refused(outside, "is not a file name inside the checkpoint");
+  std::string half = piece("");
+  half.replace(half.find("\"count\": 64"), 11, "\"count\": 32");
+  refused(half, "do not cover");
+  // A count the file cannot hold: refused before its buffer is allocated.
+  std::string huge = R"({"shape": [1099511627776], "pieces": [{"file": "data-00000.bin",
+      "offset": 0, "begin": 0, "count": 1099511627776, "checksum": 1}]})";
+  manifest(huge);
+  EXPECT_NE(error_of([&] { ckpt::Reader(dir).read("w", 0, 1, got.data()); }).find("truncated"),
+            std::string::npos);
+  std::ofstream(dir + "/manifest.json") << R"({"format": "loom-checkpoint", "version": "2"})";
+  EXPECT_NE(error_of([&] { ckpt::Reader r(dir); }).find("not a loom checkpoint"),
+            std::string::npos);
+  std::ofstream(dir + "/manifest.json") << "[]";
+  EXPECT_NE(error_of([&] { ckpt::Reader r(dir); }).find("not a loom checkpoint"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST(Checkpoint, InterruptedSaveLeavesThePreviousOneAndKeepPrunes) {
   auto root = temp_dir("ckpt2");
   std::vector<float> x(10, 1.0f);

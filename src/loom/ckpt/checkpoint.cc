@@ -1,6 +1,7 @@
 #include "loom/ckpt/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -100,9 +101,9 @@ Shape json_shape(const nlohmann::json& j, const char* key, const Shape& fallback
 }
 
 // The pieces of a tensor tile it exactly: the distinct boxes are disjoint and cover the
-// tensor, and the ranges within each box tile the box. (A broken invariant of the writers,
-// so a check, not a user error.)
-void check_tiling(const std::string& name, nlohmann::json& t) {
+// tensor, and the ranges within each box tile the box. "" when they do, else what is wrong.
+// (Writers check it as an invariant; the reader refuses a manifest that breaks it.)
+std::string tiling_problem(const std::string& name, const nlohmann::json& t) {
   const Shape shape = t["shape"].get<Shape>();
   std::map<std::pair<Shape, Shape>, std::vector<std::pair<int64_t, int64_t>>> boxes;
   for (const auto& p : t["pieces"])
@@ -112,15 +113,15 @@ void check_tiling(const std::string& name, nlohmann::json& t) {
   for (auto& [box, ranges] : boxes) {
     const auto& [start, extent] = box;
     for (size_t d = 0; d < shape.size(); ++d)
-      LOOM_CHECK_MSG(start[d] >= 0 && extent[d] >= 0 && start[d] + extent[d] <= shape[d],
-                     "a piece of " + name + " lies outside the tensor");
+      if (!(start[d] >= 0 && extent[d] >= 0 && start[d] + extent[d] <= shape[d]))
+        return "a piece of " + name + " lies outside the tensor";
     std::sort(ranges.begin(), ranges.end());
     int64_t at = 0;
     for (const auto& [begin, count] : ranges) {
-      LOOM_CHECK_MSG(begin == at, "pieces of " + name + " do not tile a box of it");
+      if (begin != at) return "pieces of " + name + " do not tile a box of it";
       at += count;
     }
-    LOOM_CHECK_MSG(at == numel(extent), "pieces of " + name + " do not cover a box of it");
+    if (at != numel(extent)) return "pieces of " + name + " do not cover a box of it";
     covered += at;
     for (const auto& [other, unused] : boxes) {
       if (other <= box) continue;
@@ -128,10 +129,65 @@ void check_tiling(const std::string& name, nlohmann::json& t) {
       for (size_t d = 0; d < shape.size(); ++d)
         overlap = overlap && std::max(start[d], other.first[d]) <
                                  std::min(start[d] + extent[d], other.first[d] + other.second[d]);
-      LOOM_CHECK_MSG(!overlap, "pieces of " + name + " overlap");
+      if (overlap) return "pieces of " + name + " overlap";
     }
   }
-  LOOM_CHECK_MSG(covered == numel(shape), "pieces of " + name + " do not cover it");
+  if (covered != numel(shape)) return "pieces of " + name + " do not cover it";
+  return "";
+}
+
+void check_tiling(const std::string& name, const nlohmann::json& t) {
+  const std::string problem = tiling_problem(name, t);
+  LOOM_CHECK_MSG(problem.empty(), problem);
+}
+
+// A manifest read from disk is outside input: every field the reader will use is checked
+// for its type and range before any is used, so a damaged or hand-edited manifest is a
+// UserError naming what is wrong, never an exception from the JSON library, a read outside
+// the folder or the tensor, or an allocation of what a number claims. "" when it is sound.
+std::string manifest_problem(const nlohmann::json& m) {
+  using nlohmann::json;
+  constexpr int64_t kMaxElements = int64_t{1} << 46;  // 256 TiB of fp32: no overflow below
+  auto count_ok = [](const json& j) { return j.is_number_integer() && j.get<int64_t>() >= 0; };
+  auto shape_ok = [&](const json& j, size_t rank) {
+    if (!j.is_array() || (rank != SIZE_MAX && j.size() != rank) || j.size() > 8) return false;
+    int64_t n = 1;
+    for (const json& d : j) {
+      if (!count_ok(d) || d.get<int64_t>() > kMaxElements) return false;
+      n *= d.get<int64_t>();
+      if (n > kMaxElements) return false;
+    }
+    return true;
+  };
+  if (!m.is_object()) return "it is not a JSON object";
+  if (!m.contains("meta") || !m["meta"].is_object()) return "\"meta\" is not an object";
+  if (!m.contains("tensors") || !m["tensors"].is_object()) return "\"tensors\" is not an object";
+  for (const auto& [name, t] : m["tensors"].items()) {
+    const std::string where = "tensor '" + name + "'";
+    if (!t.is_object() || !t.contains("shape") || !shape_ok(t["shape"], SIZE_MAX))
+      return where + " has no valid shape (an array of up to 8 sizes)";
+    if (!t.contains("pieces") || !t["pieces"].is_array()) return where + " has no \"pieces\" array";
+    const size_t rank = t["shape"].size();
+    for (const json& p : t["pieces"]) {
+      if (!p.is_object()) return where + " has a piece that is not an object";
+      if (!p.contains("file") || !p["file"].is_string()) return where + ": a piece names no file";
+      const std::string file = p["file"];
+      if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
+          file.find('\0') != std::string::npos)
+        return where + ": piece file '" + file + "' is not a file name inside the checkpoint";
+      for (const char* key : {"offset", "begin", "count"})
+        if (!p.contains(key) || !count_ok(p[key]) || p[key].get<int64_t>() > kMaxElements * 4)
+          return where + ": a piece's \"" + key + "\" is not a non-negative integer";
+      if (!p.contains("checksum") || !p["checksum"].is_number_unsigned())
+        return where + ": a piece has no checksum";
+      if (p.contains("start") != p.contains("extent"))
+        return where + ": a piece has a start without an extent or the reverse";
+      if (p.contains("start") && !(shape_ok(p["start"], rank) && shape_ok(p["extent"], rank)))
+        return where + ": a piece's start/extent do not match the tensor's rank";
+    }
+    if (std::string problem = tiling_problem(name, t); !problem.empty()) return problem;
+  }
+  return "";
 }
 
 // Rank 0: the per-rank indexes become one manifest whose pieces tile every tensor.
@@ -235,15 +291,27 @@ Reader::Reader(const std::string& dir) : dir_(dir) {
     throw UserError("checkpoint manifest " + path + " is not valid JSON: " + e.what(),
                     "the checkpoint is damaged; use an older one");
   }
-  const int version = manifest_.value("version", 0);
-  if (manifest_.value("format", "") != "loom-checkpoint" || version < 1 || version > kFormatVersion)
+  const bool ours = manifest_.is_object() && manifest_.contains("format") &&
+                    manifest_["format"] == "loom-checkpoint" && manifest_.contains("version") &&
+                    manifest_["version"].is_number_integer();
+  const int64_t version = ours ? manifest_["version"].get<int64_t>() : 0;
+  if (!ours || version < 1 || version > kFormatVersion)
     throw UserError(
         path + " is not a loom checkpoint of format version " + std::to_string(kFormatVersion),
         "it was written by another program or another loom version");
+  if (std::string problem = manifest_problem(manifest_); !problem.empty())
+    throw UserError("checkpoint manifest " + path + " is damaged: " + problem,
+                    "the checkpoint is damaged; use an older one");
 }
 
 bool Reader::has(const std::string& tensor) const {
   return manifest_["tensors"].contains(tensor);
+}
+
+std::vector<std::string> Reader::tensors() const {
+  std::vector<std::string> names;
+  for (const auto& [name, t] : manifest_["tensors"].items()) names.push_back(name);
+  return names;
 }
 
 Shape Reader::shape(const std::string& tensor) const {
@@ -257,11 +325,20 @@ Shape Reader::shape(const std::string& tensor) const {
 std::vector<float> Reader::piece_data(const std::string& tensor, size_t i) const {
   const auto& p = manifest_["tensors"][tensor]["pieces"][i];
   const std::string path = dir_ + "/" + p["file"].get<std::string>();
-  std::vector<float> buf(p["count"].get<size_t>());
-  int fd = ::open(path.c_str(), O_RDONLY);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw io_error("open", path);
+  // The manifest's numbers are checked for range, not against the file: a piece that claims
+  // more than the file holds is refused before its buffer is allocated.
+  struct stat st {};
+  const uint64_t offset = p["offset"].get<uint64_t>(), count = p["count"].get<uint64_t>();
+  if (::fstat(fd, &st) != 0 || offset + count * sizeof(float) > static_cast<uint64_t>(st.st_size)) {
+    ::close(fd);
+    throw UserError("checkpoint file " + path + " is truncated (tensor " + tensor + ")",
+                    "the checkpoint is damaged; use an older one");
+  }
+  std::vector<float> buf(count);
   const size_t bytes = buf.size() * sizeof(float);
-  const ssize_t got = ::pread(fd, buf.data(), bytes, p["offset"].get<off_t>());
+  const ssize_t got = ::pread(fd, buf.data(), bytes, static_cast<off_t>(offset));
   ::close(fd);
   if (got != static_cast<ssize_t>(bytes))
     throw UserError("checkpoint file " + path + " is truncated (tensor " + tensor + ")",

@@ -68,6 +68,8 @@ class Reader {
   const std::string& dir() const { return dir_; }
   const nlohmann::json& meta() const { return manifest_["meta"]; }
   bool has(const std::string& tensor) const;
+  // The names of the tensors it holds.
+  std::vector<std::string> tensors() const;
   Shape shape(const std::string& tensor) const;
   // The region of tensor (whole shape `shape`) into out (region.count floats). Verifies the
   // checksum of every piece it touches and throws UserError naming the file on a mismatch

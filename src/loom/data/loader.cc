@@ -20,13 +20,30 @@ TokenDataset TokenDataset::open(const std::string& dir, const std::string& split
   } catch (const std::exception& e) {
     throw UserError(dir + "/manifest.json is not valid JSON: " + e.what(), "re-run `loom prep`");
   }
+  // The manifest is outside input: its fields are checked for type before use, and a shard
+  // must be a plain file name inside the folder.
+  auto bad = [&](const std::string& why) {
+    return UserError(dir + "/manifest.json is damaged: " + why, "re-run `loom prep`");
+  };
+  if (!m.is_object() || !m.contains("shards") || !m["shards"].is_array())
+    throw bad("it has no \"shards\" array");
   TokenDataset d;
-  for (const auto& s : m.value("shards", nlohmann::json::array())) {
-    if (s.value("split", "") != split) continue;
-    ShardView v = ShardView::open(dir + "/" + s.value("file", ""), Gpt2Tokenizer::kVocabSize);
-    if (v.size() != s.value("tokens", uint64_t{0}))
+  for (const auto& s : m["shards"]) {
+    if (!s.is_object() || !s.contains("split") || !s["split"].is_string())
+      throw bad("a shard entry has no \"split\" string");
+    if (s["split"] != split) continue;
+    if (!s.contains("file") || !s["file"].is_string() || !s.contains("tokens") ||
+        !s["tokens"].is_number_unsigned())
+      throw bad("a shard entry lacks its \"file\" name or \"tokens\" count");
+    const std::string file = s["file"];
+    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
+        file.find('\0') != std::string::npos)
+      throw bad("shard file '" + file + "' is not a file name inside the folder");
+    ShardView v = ShardView::open(dir + "/" + file, Gpt2Tokenizer::kVocabSize);
+    const uint64_t want = s["tokens"];
+    if (v.size() != want)
       throw UserError("token shard " + v.path() + " holds " + std::to_string(v.size()) +
-                          " tokens but the manifest says " + std::to_string(s.value("tokens", 0)),
+                          " tokens but the manifest says " + std::to_string(want),
                       "re-run `loom prep`");
     d.starts_.push_back(d.total_);
     d.total_ += v.size();

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -68,13 +69,21 @@ ShardView ShardView::open(const std::string& path, uint32_t vocab_size, bool ver
   if (h.vocab_size != vocab_size)
     throw bad("for a vocabulary of " + std::to_string(h.vocab_size) + ", not " +
               std::to_string(vocab_size));
-  if (bytes != sizeof h + h.token_count * 2)
+  // (Compared as a count: a huge token_count must not wrap the byte size into agreement.)
+  if ((bytes - sizeof h) % 2 != 0 || h.token_count != (bytes - sizeof h) / 2)
     throw bad("truncated or padded: " + std::to_string(bytes) + " bytes for " +
               std::to_string(h.token_count) + " tokens");
   v.tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(m) + sizeof h);
   v.count_ = h.token_count;
   if (verify_checksum && checksum64(v.tokens_, v.count_ * 2) != h.checksum)
     throw bad("corrupt (checksum mismatch)");
+  // The model indexes its embedding table with these ids: one out of range would read
+  // outside it, so a shard whose checksum agrees (or is not checked) is still refused.
+  uint16_t top = 0;
+  for (uint64_t i = 0; i < v.count_; ++i) top = std::max(top, v.tokens_[i]);
+  if (v.count_ > 0 && top >= vocab_size)
+    throw bad("holding token id " + std::to_string(top) + ", outside the vocabulary of " +
+              std::to_string(vocab_size));
   return v;
 }
 
