@@ -3,7 +3,7 @@
 # corpus, two at a time (this machine's 2 cores). Inputs found are kept in
 # BUILD/fuzz-corpus/<target> (not committed); a crash leaves BUILD/fuzz-crash/<target>-* and
 # fails the run. Regression inputs live in tests/fuzz/corpus and are run first every time.
-#   bash scripts/fuzz.sh [BUILD=build-clang] [SECONDS=600]
+#   bash scripts/fuzz.sh [BUILD=build-clang] [SECONDS=600]     (LOOM_FUZZ_JOBS=2 at a time)
 # BUILD must be configured with clang and -DLOOM_FUZZ=ON (scripts/test.sh does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,4 +29,4 @@ one() {
   fi
 }
 export -f one
-echo $targets | tr ' ' '\n' | grep . | xargs -P 2 -I{} bash -c 'one {}'
+echo $targets | tr " " "\n" | grep . | xargs -P "${LOOM_FUZZ_JOBS:-2}" -I{} bash -c "one {}"

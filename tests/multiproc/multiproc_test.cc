@@ -86,6 +86,34 @@ TEST(Processes, AsyncAndSplit) {
   expect_ok(run_worker(5, {"async"}, {{"LOOM_TEST_HOSTS", "2"}}));
 }
 
+// The soak's short form (the long one: docs/reliability.md): 4 ranks, 3000 mixed
+// collectives on the world and sub-groups, sync and async, every result checked; RSS,
+// descriptors and shared-memory segments flat after warm-up. Over shm (auto) and TCP.
+TEST(Soak, MixedCollectivesKeepMemoryAndDescriptorsFlat) {
+  for (const char* transport : {"auto", "tcp"}) {  // auto: shared memory on one machine
+    Job j = run_worker(4, {"soak", "3000", fs::temp_directory_path().string()},
+                       {{"LOOM_TRANSPORT", transport}});
+    expect_ok(j);
+    for (const auto& log : j.logs)
+      EXPECT_NE(log.find("3000 operations, 0 wrong"), std::string::npos);
+  }
+}
+
+// ... and the soak's detector catches a leak: one descriptor, or 1 MiB of memory, every 50
+// operations (what a leaked socket or an unreleased buffer per call would look like).
+TEST(Soak, ALeakIsCaught) {
+  for (const char* kind : {"fd", "rss"}) {
+    Job j = run_worker(4, {"soak", "3000", fs::temp_directory_path().string()},
+                       {{"LOOM_TEST_SOAK_LEAK", kind}});
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(j.result.ranks[r].exit_code, 1) << kind << "\n" << all_logs(j);
+      EXPECT_NE(j.logs[r].find(std::string(kind) == "fd" ? "LEAK: descriptors" : "GROWTH: RSS"),
+                std::string::npos)
+          << j.logs[r];
+    }
+  }
+}
+
 // A rank dies with SIGKILL mid-job: every other rank fails well within the deadline
 // (60 s here) with an error naming the dead rank and the operation.
 void kill_test(int n, int victim, std::map<std::string, std::string> env) {

@@ -288,6 +288,13 @@ TEST(Config, NonAsciiOutsideStringsIsRefusedFirst) {
               TrainConfig::load(write(dir, "[data]\npath = \"d\"\n[train]\u0416\n"), {});
             }).find("line 3"),
             std::string::npos);
+  // ... and after a backslash in a string, where toml++ checks for whitespace too (the
+  // second finding: a multi-line string's line-ending backslash).
+  EXPECT_NE(
+      error_of([&] { TrainConfig::load(write(dir, "[data]\npath = \"\"\"a\\\u03de\"\"\"\n"), {}); })
+          .find("line 2, column 12): a non-ASCII character outside a string or comment, or "
+                "escaped"),
+      std::string::npos);
   TrainConfig c = TrainConfig::load(
       write(dir, "# \u00e9t\u00e9\n[data]\npath = \"caf\u00e9/\u0416\" # \u0416\n"), {});
   EXPECT_EQ(c.data_path, "caf\u00e9/\u0416");

@@ -2,9 +2,12 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -181,7 +184,30 @@ void bind_local_rank(const LaunchInfo& info) {
                           << cpus[k * per];
 }
 
+// A rank started by `loom run` (LOOM_LAUNCHER_PID, its parent) dies with it: the launcher
+// hosts the store and carries the ranks' output, and ranks that outlived it trained on,
+// unseen, to the end of the job (found by the fault campaign, tests/chaos: kill -9 of the
+// launcher). A rank behind a wrapper process (its parent is not the launcher) is left to
+// the wrapper; one whose launcher is gone already stops here.
+namespace {
+void follow_launcher() {
+  const char* p = std::getenv("LOOM_LAUNCHER_PID");
+  if (!p || !*p) return;
+  const pid_t launcher = static_cast<pid_t>(std::atol(p));
+  if (::getppid() != launcher) {
+    if (::kill(launcher, 0) != 0 && errno == ESRCH)
+      throw PeerError(PeerError::Kind::kDead, "the launcher (pid " + std::string(p) +
+                                                  ") that started this rank and "
+                                                  "hosts its store has exited");
+    return;
+  }
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != launcher) ::raise(SIGKILL);  // it died between the check and prctl
+}
+}  // namespace
+
 std::shared_ptr<Communicator> init_from_env(CommConfig cfg) {
+  follow_launcher();
   LaunchInfo info = launch_info_from_env();
   log::set_rank(info.rank);
   bind_local_rank(info);

@@ -125,6 +125,7 @@ LaunchResult run_local(const LaunchOptions& opts) {
     vars["LOOM_STORE_EXTERNAL"] = "1";
     vars["LOOM_JOB_TOKEN"] = token;
     vars["LOOM_JOB_ID"] = job_id;
+    vars["LOOM_LAUNCHER_PID"] = std::to_string(::getpid());  // ranks die with it (bootstrap.cc)
     if (opts.torch_env) {  // what torch.distributed's env:// reads (torchrun's names)
       vars["RANK"] = vars["LOCAL_RANK"] = std::to_string(r);
       vars["WORLD_SIZE"] = vars["LOCAL_WORLD_SIZE"] = std::to_string(opts.nprocs);

@@ -202,23 +202,27 @@ void assign(const Field& f, const toml::node& n) {
       f.ptr);
 }
 
-// Where `text` has a byte outside ASCII that is not inside a string or a comment, as
-// "line L, column C" ("" when it has none). TOML allows non-ASCII only there, and toml++
-// 3.3 (Debian 12) reaches __builtin_unreachable when it meets some such characters (U+00A1
-// to U+0499, for one: Latin-1 letters, Cyrillic) where whitespace may stand: undefined
-// behaviour, found by tests/fuzz/config_fuzz.cc. Refusing them first keeps it from running.
+// Where `text` has a byte outside ASCII that is not inside a string or a comment, or that
+// follows a backslash in a string, as "line L, column C" ("" when it has none). TOML allows
+// non-ASCII only inside strings and comments and escapes none, and toml++ 3.3 (Debian 12)
+// reaches __builtin_unreachable when it meets some such characters (U+00A1 to U+0499, for
+// one: Latin-1 letters, Cyrillic) where whitespace may stand, including after a backslash
+// in a string: undefined behaviour, found by tests/fuzz/config_fuzz.cc. Refusing them
+// first keeps it from running.
 std::string non_ascii_outside_strings(std::string_view text) {
   enum { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral } state = kCode;
   int line = 1;
-  size_t line_start = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
+  size_t line_start = 0, i = 0;
+  auto at = [&] {
+    return "line " + std::to_string(line) + ", column " + std::to_string(i - line_start + 1);
+  };
+  for (; i < text.size(); ++i) {
     const char c = text[i];
     const std::string_view rest = text.substr(i);
     if (c == '\n') line += 1, line_start = i + 1;
     switch (state) {
       case kCode:
-        if (static_cast<unsigned char>(c) >= 0x80)
-          return "line " + std::to_string(line) + ", column " + std::to_string(i - line_start + 1);
+        if (static_cast<unsigned char>(c) >= 0x80) return at();
         if (c == '#') {
           state = kComment;
         } else if (rest.starts_with(R"(""")")) {
@@ -236,6 +240,7 @@ std::string non_ascii_outside_strings(std::string_view text) {
         break;
       case kBasic:
         if (c == '\\') {
+          if (i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80) return at();
           ++i;
         } else if (c == '"' || c == '\n') {
           state = kCode;
@@ -246,6 +251,7 @@ std::string non_ascii_outside_strings(std::string_view text) {
         break;
       case kMultiBasic:
         if (c == '\\') {
+          if (i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80) return at();
           ++i;
         } else if (rest.starts_with(R"(""")")) {
           state = kCode, i += 2;
@@ -285,7 +291,7 @@ TrainConfig TrainConfig::load(const std::string& path, const std::vector<std::st
     text << f.rdbuf();  // (an empty file inserts nothing and sets failbit: not an error)
     if (std::string at = non_ascii_outside_strings(text.str()); !at.empty())
       throw UserError("cannot read config " + path + " (" + at +
-                          "): a non-ASCII character outside a string or comment",
+                          "): a non-ASCII character outside a string or comment, or escaped",
                       "TOML keys are ASCII; put other text inside quotes");
     try {
       root = toml::parse(text.str(), path);
