@@ -222,7 +222,7 @@ void Communicator::connect(Deadline deadline) {
       while (got < expected) {
         net::Fd fd = net::accept_one(listener.get(), deadline);
         if (!fd.valid())
-          throw PeerError(PeerError::Kind::kTimeout, "rank " + std::to_string(rank_) +
+          throw PeerError(PeerError::Kind::kTimeout, "rank " + std::to_string(world_ranks_[rank_]) +
                                                          " timed out waiting for peers to connect");
         if (!net::server_handshake(fd.get(), cfg_.token, "pair", hs_deadline)) continue;
         PairHello hello{};
@@ -283,6 +283,8 @@ void Communicator::connect(Deadline deadline) {
   if (accept_error) std::rethrow_exception(accept_error);
   for (int q = 0; q < size_; ++q)
     if (expect[q]) pairs_[q] = std::make_unique<TcpPair>(rank_, q, std::move(accepted[q]));
+  for (int q = 0; q < size_; ++q)
+    if (pairs_[q]) pairs_[q]->name_ends(world_ranks_[rank_], world_ranks_[q]);
 
   LOOM_LOG(kInfo, "comm") << "communicator '" << cfg_.name << "' rank " << rank_ << "/" << size_
                           << ": " << topo_.describe();
@@ -340,7 +342,7 @@ WorkPtr Communicator::submit(Op op, bool blocking) {
   if (broken_) {
     work->finish(std::make_exception_ptr(
         PeerError(PeerError::Kind::kAborted,
-                  "rank " + std::to_string(rank_) + ": communicator '" + cfg_.name +
+                  "rank " + std::to_string(world_ranks_[rank_]) + ": communicator '" + cfg_.name +
                       "' is unusable after an earlier failure: " + what_of(broken_) +
                       " (create a new communicator to recover)")));
     lock.unlock();
@@ -433,7 +435,7 @@ void Communicator::fail(const Op& op, const std::exception& e) {
   const auto* pe = dynamic_cast<const PeerError*>(&e);
   PeerError::Kind kind = pe ? pe->kind() : PeerError::Kind::kProtocol;
   int peer = pe ? pe->peer() : -1;
-  std::string where = "rank " + std::to_string(rank_) + ": " + op.fp.str() +
+  std::string where = "rank " + std::to_string(world_ranks_[rank_]) + ": " + op.fp.str() +
                       " at sequence number " + std::to_string(op.seq) + " on communicator '" +
                       cfg_.name + "' failed: ";
   std::string msg = where + e.what();

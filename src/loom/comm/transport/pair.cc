@@ -56,23 +56,23 @@ void Pair::deliver_at(RecvReq& r, size_t off, const void* src, size_t len) {
 void Pair::check_header(const RecvReq& r, const FrameHeader& h) const {
   if (h.magic != kFrameMagic)
     throw PeerError(PeerError::Kind::kProtocol,
-                    "rank " + std::to_string(self_) + " received a corrupt frame from rank " +
-                        std::to_string(peer_) + " (bad magic)",
+                    "rank " + std::to_string(world_self_) + " received a corrupt frame from rank " +
+                        std::to_string(world_peer_) + " (bad magic)",
                     peer_);
   Fingerprint theirs = h.fingerprint();
   if (h.seq != r.seq || !(theirs == r.expect)) {
     throw PeerError(PeerError::Kind::kDesync,
                     "collective desync: at sequence number " + std::to_string(r.seq) + " rank " +
-                        std::to_string(self_) + " called " + r.expect.str() + " but rank " +
-                        std::to_string(peer_) + " called " + theirs.str() +
+                        std::to_string(world_self_) + " called " + r.expect.str() + " but rank " +
+                        std::to_string(world_peer_) + " called " + theirs.str() +
                         (h.seq != r.seq ? " as its sequence number " + std::to_string(h.seq) : ""),
                     peer_);
   }
   if (h.bytes != r.bytes)
     throw PeerError(PeerError::Kind::kProtocol,
-                    "rank " + std::to_string(peer_) + " sent " + std::to_string(h.bytes) +
+                    "rank " + std::to_string(world_peer_) + " sent " + std::to_string(h.bytes) +
                         " bytes at sequence number " + std::to_string(r.seq) + " of " +
-                        r.expect.str() + "; rank " + std::to_string(self_) + " expected " +
+                        r.expect.str() + "; rank " + std::to_string(world_self_) + " expected " +
                         std::to_string(r.bytes),
                     peer_);
 }

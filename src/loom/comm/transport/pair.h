@@ -86,12 +86,20 @@ struct RecvReq {
 
 class Pair {
  public:
-  Pair(int self, int peer) : self_(self), peer_(peer) {}
+  Pair(int self, int peer) : self_(self), peer_(peer), world_self_(self), world_peer_(peer) {}
   virtual ~Pair() = default;
   Pair(const Pair&) = delete;
   Pair& operator=(const Pair&) = delete;
 
   int peer() const { return peer_; }
+  // The world ranks of the two ends, which messages name (a split communicator numbers its
+  // ranks from 0; people, `loom run` and the flight recorder name world ranks).
+  void name_ends(int world_self, int world_peer) {
+    world_self_ = world_self;
+    world_peer_ = world_peer;
+  }
+  int world_peer() const { return world_peer_; }
+  int world_self() const { return world_self_; }
   void post(SendReq* r) { sends_.push_back(r); }
   void post(RecvReq* r) { recvs_.push_back(r); }
   bool busy() const { return !sends_.empty() || !recvs_.empty(); }
@@ -126,6 +134,7 @@ class Pair {
 
   int self_;
   int peer_;
+  int world_self_, world_peer_;  // for messages only
   std::deque<SendReq*> sends_;
   std::deque<RecvReq*> recvs_;
 };

@@ -111,11 +111,11 @@ void ShmPair::check_peer() {
   if (!busy()) return;
   if (dead)
     throw PeerError(PeerError::Kind::kDead,
-                    "rank " + std::to_string(self_) + ": rank " + std::to_string(peer_) + " (pid " +
-                        std::to_string(pid) + ") died",
+                    "rank " + std::to_string(world_self_) + ": rank " +
+                        std::to_string(world_peer_) + " (pid " + std::to_string(pid) + ") died",
                     peer_);
   throw PeerError(PeerError::Kind::kClosed,
-                  "rank " + std::to_string(self_) + ": rank " + std::to_string(peer_) +
+                  "rank " + std::to_string(world_self_) + ": rank " + std::to_string(world_peer_) +
                       " closed its shared-memory connection (it left the communicator)",
                   peer_);
 }

@@ -63,10 +63,10 @@ void TcpPair::poll_fds(std::vector<pollfd>& out) const {
 
 void TcpPair::fail(const std::string& what, int err) {
   throw PeerError(PeerError::Kind::kClosed,
-                  "rank " + std::to_string(self_) + ": the TCP connection to rank " +
-                      std::to_string(peer_) + " " + what +
+                  "rank " + std::to_string(world_self_) + ": the TCP connection to rank " +
+                      std::to_string(world_peer_) + " " + what +
                       (err ? " (" + errno_text(err) + ")" : std::string()) + "; did rank " +
-                      std::to_string(peer_) + " exit?",
+                      std::to_string(world_peer_) + " exit?",
                   peer_);
 }
 
