@@ -76,6 +76,11 @@ class Trial:
         return ok
 
 
+def worst_diff(got, want, steps=None):
+    """The largest relative difference of got's losses from want's (a missing step: huge)."""
+    return max(abs(got.get(s, 1e9) - want[s]) / abs(want[s]) for s in (steps or want))
+
+
 def shm_names():
     return set(glob.glob("/dev/shm/loom.*"))
 
@@ -220,7 +225,7 @@ class Campaign:
         if not later:  # the newest checkpoint is the last step's: it loaded, nothing to run
             t.note += "resumed at the last step; "
             return
-        worst = max(abs(got.get(s, 1e9) - want[s]) / abs(want[s]) for s in later)
+        worst = worst_diff(got, want, later)
         t.check(worst <= TOL, "resumed from step %d, the losses differ by %.1e" % (step, worst))
         t.note += "resumed from step %d, losses within %.0e; " % (step, worst)
         shutil.rmtree(d, ignore_errors=True)
@@ -266,11 +271,9 @@ class Campaign:
     def collective_loop(self, t):
         return t.workload == "collectives"
 
-    def fault_kill9(self, t, run_dir):
-        if self.collective_loop(t):
-            return self.signal_loop(t, run_dir, signal.SIGKILL)
-        layout = t.workload
-        restarts = t.rng.random() < 0.5
+    def signal_mid_training(self, t, layout, run_dir, sig, bound, restarts=False):
+        """Trains layout into run_dir and sends sig to a random rank after a random step;
+        returns (exit code, output, the rank, its pid) once the job ends (or bound s)."""
         proc, f = self.start(self.train_cmd(layout, run_dir, restarts=1 if restarts else 0),
                              run_dir + ".log")
         at = t.rng.randint(2, STEPS - 3)
@@ -279,17 +282,25 @@ class Campaign:
         pid = rank_pid(proc.pid, victim)
         t0 = time.time()
         if pid:
-            os.kill(pid, signal.SIGKILL)
-        rc, text = self.finish(proc, f, run_dir + ".log", 300 if restarts else 30, t)
+            os.kill(pid, sig)
+        rc, text = self.finish(proc, f, run_dir + ".log", bound, t)
         t.ended_s = time.time() - t0
-        t.note += "rank %d killed after step %d; " % (victim, at)
+        t.note += "rank %d %s after step %d; " % (victim, signal.Signals(sig).name, at)
+        return rc, text, victim, pid
+
+    def fault_kill9(self, t, run_dir):
+        if self.collective_loop(t):
+            return self.signal_loop(t, run_dir, signal.SIGKILL)
+        layout = t.workload
+        restarts = t.rng.random() < 0.5
+        rc, text, victim, pid = self.signal_mid_training(
+            t, layout, run_dir, signal.SIGKILL, 300 if restarts else 30, restarts=restarts)
         if not t.check(pid is not None, "rank %d was not found" % victim):
             return
         if restarts:
             t.check(rc == 0, "with --max-restarts 1 the job should recover, exit %s: %s" %
                     (rc, text[-400:]))
-            want, got = self.reference(layout), losses(run_dir)
-            worst = max(abs(got.get(s, 1e9) - want[s]) / abs(want[s]) for s in want)
+            worst = worst_diff(losses(run_dir), self.reference(layout))
             t.check(worst <= TOL, "after the restart the losses differ by %.1e" % worst)
             t.note += "recovered by restart, losses within %.0e" % worst
             t.outcome = "recovered"
@@ -304,17 +315,8 @@ class Campaign:
         if self.collective_loop(t):
             return self.signal_loop(t, run_dir, signal.SIGSTOP)
         layout = t.workload
-        proc, f = self.start(self.train_cmd(layout, run_dir), run_dir + ".log")
-        at = t.rng.randint(2, STEPS - 3)
-        victim = t.rng.randrange(layout[1])
-        self.wait_progress(run_dir, at, proc)
-        pid = rank_pid(proc.pid, victim)
-        t0 = time.time()
-        if pid:
-            os.kill(pid, signal.SIGSTOP)
-        rc, text = self.finish(proc, f, run_dir + ".log", TIMEOUT_S + 30, t)
-        t.ended_s = time.time() - t0
-        t.note += "rank %d stopped after step %d; " % (victim, at)
+        rc, text, victim, _ = self.signal_mid_training(t, layout, run_dir, signal.SIGSTOP,
+                                                        TIMEOUT_S + 30)
         self.expect_hang_named(t, rc, text, victim)
         self.resume_matches(t, layout, run_dir)
 
@@ -381,8 +383,7 @@ class Campaign:
         if rc == 0 and layout:
             # The connection was idle until the end (a communicator the layout no longer
             # uses): the job must then have trained exactly as without the fault.
-            want, got = self.reference(layout), losses(run_dir)
-            worst = max(abs(got.get(s, 1e9) - want[s]) / abs(want[s]) for s in want)
+            worst = worst_diff(losses(run_dir), self.reference(layout))
             t.check(worst <= TOL, "unaffected by the cut, yet the losses differ by %.1e" % worst)
             t.note += "an idle connection: the job finished with the uninterrupted losses"
             t.outcome = "unaffected"
