@@ -295,8 +295,17 @@ TEST(Config, NonAsciiOutsideStringsIsRefusedFirst) {
           .find("line 2, column 12): a non-ASCII character outside a string or comment, or "
                 "escaped"),
       std::string::npos);
-  TrainConfig c = TrainConfig::load(
-      write(dir, "# \u00e9t\u00e9\n[data]\npath = \"caf\u00e9/\u0416\" # \u0416\n"), {});
+  // ... and after a quote that does not open a string (the third finding: toml++ reads
+  // 1'op'op'&... as one bare token and looks at each of its characters).
+  EXPECT_NE(error_of([&] {
+              TrainConfig::load(write(dir, "[optim]\nlr=1'op'op'&\u03d2.\n"), {});
+            }).find("line 2, column 13)"),
+            std::string::npos);
+  TrainConfig c =
+      TrainConfig::load(write(dir,
+                              "# \u00e9t\u00e9\n[data]\npath = \"caf\u00e9/\u0416\" # \u0416\n"
+                              "[pp]\nsplit = [ 1,\n  # \u00e9\n  3 ] # \u00e9\n"),
+                        {});
   EXPECT_EQ(c.data_path, "caf\u00e9/\u0416");
   // An override that is not TOML is a bare string, non-ASCII or not.
   EXPECT_EQ(TrainConfig::load("", {"data.path=\u0416/d", "run.dir=r"}).data_path, "\u0416/d");

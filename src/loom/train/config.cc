@@ -213,52 +213,65 @@ std::string non_ascii_outside_strings(std::string_view text) {
   enum { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral } state = kCode;
   int line = 1;
   size_t line_start = 0, i = 0;
+  // The last character of code that is not a space or a tab ('\n' at a line's start). A
+  // quote opens a string only where TOML lets one stand (after = [ , { . or at a line's
+  // start, spaces aside), and # opens a comment only after a space or the end of a value:
+  // elsewhere toml++ reads them as part of a bare token and looks at what follows them.
+  char prev = '\n';
   auto at = [&] {
     return "line " + std::to_string(line) + ", column " + std::to_string(i - line_start + 1);
   };
+  auto is = [](char c, std::string_view set) { return set.find(c) != std::string_view::npos; };
   for (; i < text.size(); ++i) {
     const char c = text[i];
     const std::string_view rest = text.substr(i);
     if (c == '\n') line += 1, line_start = i + 1;
     switch (state) {
-      case kCode:
+      case kCode: {
         if (static_cast<unsigned char>(c) >= 0x80) return at();
-        if (c == '#') {
+        const bool value_start = prev == '\n' || is(prev, "=[,{.");
+        const char before = i == 0 ? '\n' : text[i - 1];
+        if (c == '#' && (is(before, " \t\r\n") || is(prev, "\"']}"))) {
           state = kComment;
-        } else if (rest.starts_with(R"(""")")) {
+        } else if (value_start && rest.starts_with(R"(""")")) {
           state = kMultiBasic, i += 2;
-        } else if (rest.starts_with("'''")) {
+        } else if (value_start && rest.starts_with("'''")) {
           state = kMultiLiteral, i += 2;
-        } else if (c == '"') {
+        } else if (value_start && c == '"') {
           state = kBasic;
-        } else if (c == '\'') {
+        } else if (value_start && c == '\'') {
           state = kLiteral;
+        } else if (c == '\n') {
+          prev = '\n';
+        } else if (!is(c, " \t\r")) {
+          prev = c;
         }
         break;
+      }
       case kComment:
-        if (c == '\n') state = kCode;
+        if (c == '\n') state = kCode, prev = '\n';
         break;
       case kBasic:
         if (c == '\\') {
           if (i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80) return at();
           ++i;
         } else if (c == '"' || c == '\n') {
-          state = kCode;
+          state = kCode, prev = c;
         }
         break;
       case kLiteral:
-        if (c == '\'' || c == '\n') state = kCode;
+        if (c == '\'' || c == '\n') state = kCode, prev = c;
         break;
       case kMultiBasic:
         if (c == '\\') {
           if (i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80) return at();
           ++i;
         } else if (rest.starts_with(R"(""")")) {
-          state = kCode, i += 2;
+          state = kCode, prev = '"', i += 2;
         }
         break;
       case kMultiLiteral:
-        if (rest.starts_with("'''")) state = kCode, i += 2;
+        if (rest.starts_with("'''")) state = kCode, prev = '\'', i += 2;
         break;
     }
   }
