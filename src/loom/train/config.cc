@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -155,10 +156,65 @@ UserError unknown_key(const std::string& key, const std::vector<Field>& fields,
   return UserError("unknown config key '" + key + "'" + where, hint);
 }
 
+// toml++ 3.3 (Debian 12) has undefined behaviour on some non-ASCII characters: its
+// is_non_ascii_horizontal_whitespace() reaches __builtin_unreachable for U+00A1-U+0499,
+// U+2C8E-U+3087 and U+FB66-U+FEFE (Latin-1 letters, Cyrillic, kana...) wherever it asks
+// whether one is whitespace: outside strings, after a backslash in one, inside a bare
+// token (found by tests/fuzz/config_fuzz.cc, three ways). So it never sees one: before
+// parsing, every byte >= 0x80 and every '@' becomes "@XX" (two hex digits) — ASCII that
+// TOML accepts inside strings and comments and nowhere else, as it does non-ASCII — and
+// the strings read from the table are decoded back.
+std::string ascii_encode(std::string_view text) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char b : text) {
+    if (b >= 0x80 || b == '@') {
+      out += '@';
+      out += hex[b >> 4];
+      out += hex[b & 15];
+    } else {
+      out += static_cast<char>(b);
+    }
+  }
+  return out;
+}
+
+std::string ascii_decode(std::string_view text) {
+  auto nibble = [](char c) { return c <= '9' ? c - '0' : c - 'A' + 10; };
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '@' && i + 2 < text.size() && std::isxdigit(text[i + 1]) &&
+        std::isxdigit(text[i + 2])) {
+      out += static_cast<char>(nibble(text[i + 1]) << 4 | nibble(text[i + 2]));
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
+// The byte column in `text`'s line `line` of column `col` of its encoding (toml++'s error
+// positions count the encoded text), and whether that byte is not ASCII.
+std::pair<size_t, bool> original_column(std::string_view text, size_t line, size_t col) {
+  size_t at = 0;
+  for (size_t l = 1; l < line && at < text.size(); ++at)
+    if (text[at] == '\n') ++l;
+  size_t encoded = 1;
+  for (size_t i = at; i < text.size() && text[i] != '\n'; ++i) {
+    const unsigned char b = static_cast<unsigned char>(text[i]);
+    encoded += (b >= 0x80 || b == '@') ? 3 : 1;
+    if (encoded > col) return {i - at + 1, b >= 0x80};
+  }
+  return {col, false};
+}
+
 std::string describe(const toml::node& n) {
   std::ostringstream s;
   if (n.is_string())
-    s << '"' << *n.value<std::string>() << '"';
+    s << '"' << ascii_decode(*n.value<std::string>()) << '"';
   else if (n.is_table())
     s << "a table";
   else if (n.is_array())
@@ -196,99 +252,21 @@ void assign(const Field& f, const toml::node& n) {
           }
         } else {
           if (!n.is_string()) throw wrong("a string");
-          *p = *n.value<std::string>();
+          *p = ascii_decode(*n.value<std::string>());
         }
       },
       f.ptr);
-}
-
-// Where `text` has a byte outside ASCII that is not inside a string or a comment, or that
-// follows a backslash in a string, as "line L, column C" ("" when it has none). TOML allows
-// non-ASCII only inside strings and comments and escapes none, and toml++ 3.3 (Debian 12)
-// reaches __builtin_unreachable when it meets some such characters (U+00A1 to U+0499, for
-// one: Latin-1 letters, Cyrillic) where whitespace may stand, including after a backslash
-// in a string: undefined behaviour, found by tests/fuzz/config_fuzz.cc. Refusing them
-// first keeps it from running.
-std::string non_ascii_outside_strings(std::string_view text) {
-  enum { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral } state = kCode;
-  int line = 1;
-  size_t line_start = 0, i = 0;
-  // The last character of code that is not a space or a tab ('\n' at a line's start). A
-  // quote opens a string only where TOML lets one stand (after = [ , { . or at a line's
-  // start, spaces aside), and # opens a comment only after a space or the end of a value:
-  // elsewhere toml++ reads them as part of a bare token and looks at what follows them.
-  char prev = '\n';
-  auto at = [&] {
-    return "line " + std::to_string(line) + ", column " + std::to_string(i - line_start + 1);
-  };
-  auto is = [](char c, std::string_view set) { return set.find(c) != std::string_view::npos; };
-  for (; i < text.size(); ++i) {
-    const char c = text[i];
-    const std::string_view rest = text.substr(i);
-    if (c == '\n') line += 1, line_start = i + 1;
-    switch (state) {
-      case kCode: {
-        if (static_cast<unsigned char>(c) >= 0x80) return at();
-        const bool value_start = prev == '\n' || is(prev, "=[,{.");
-        const char before = i == 0 ? '\n' : text[i - 1];
-        if (c == '#' && (is(before, " \t\r\n") || is(prev, "\"']}"))) {
-          state = kComment;
-        } else if (value_start && rest.starts_with(R"(""")")) {
-          state = kMultiBasic, i += 2;
-        } else if (value_start && rest.starts_with("'''")) {
-          state = kMultiLiteral, i += 2;
-        } else if (value_start && c == '"') {
-          state = kBasic;
-        } else if (value_start && c == '\'') {
-          state = kLiteral;
-        } else if (c == '\n') {
-          prev = '\n';
-        } else if (!is(c, " \t\r")) {
-          prev = c;
-        }
-        break;
-      }
-      case kComment:
-        if (c == '\n') state = kCode, prev = '\n';
-        break;
-      case kBasic:
-        if (c == '\\') {
-          if (i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80) return at();
-          ++i;
-        } else if (c == '"' || c == '\n') {
-          state = kCode, prev = c;
-        }
-        break;
-      case kLiteral:
-        if (c == '\'' || c == '\n') state = kCode, prev = c;
-        break;
-      case kMultiBasic:
-        if (c == '\\') {
-          if (i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80) return at();
-          ++i;
-        } else if (rest.starts_with(R"(""")")) {
-          state = kCode, prev = '"', i += 2;
-        }
-        break;
-      case kMultiLiteral:
-        if (rest.starts_with("'''")) state = kCode, prev = '\'', i += 2;
-        break;
-    }
-  }
-  return "";
 }
 
 // An override's value as TOML ("3e-4", "true", "\"x\"", "[1,2]"); anything that does not
 // parse as a TOML value is taken as a bare string (run.dir=runs/a).
 toml::table override_value(const std::string& value) {
   try {
-    const std::string text = "v = " + value;
-    if (!non_ascii_outside_strings(text).empty()) throw std::invalid_argument("not TOML");
-    toml::table t = toml::parse(text);
+    toml::table t = toml::parse("v = " + ascii_encode(value));
     return t;
   } catch (const std::exception&) {
     toml::table t;
-    t.insert("v", value);
+    t.insert("v", ascii_encode(value));  // (read back through ascii_decode, like all strings)
     return t;
   }
 }
@@ -302,18 +280,17 @@ TrainConfig TrainConfig::load(const std::string& path, const std::vector<std::st
     std::stringstream text;
     if (!f) throw UserError("cannot read config " + path, "check that the file exists");
     text << f.rdbuf();  // (an empty file inserts nothing and sets failbit: not an error)
-    if (std::string at = non_ascii_outside_strings(text.str()); !at.empty())
-      throw UserError("cannot read config " + path + " (" + at +
-                          "): a non-ASCII character outside a string or comment, or escaped",
-                      "TOML keys are ASCII; put other text inside quotes");
     try {
-      root = toml::parse(text.str(), path);
+      root = toml::parse(ascii_encode(text.str()), path);
     } catch (const toml::parse_error& e) {
       const auto& at = e.source().begin;
+      const auto [column, non_ascii] = original_column(text.str(), at.line, at.column);
       throw UserError("cannot read config " + path + " (line " + std::to_string(at.line) +
-                          ", column " + std::to_string(at.column) +
-                          "): " + std::string(e.description()),
-                      "check that the file exists and is valid TOML");
+                          ", column " + std::to_string(column) + "): " +
+                          (non_ascii ? std::string("a non-ASCII character outside a string")
+                                     : ascii_decode(e.description())),
+                      "check that the file is valid TOML (keys are ASCII; put other text in "
+                      "quotes)");
     }
   }
   TrainConfig c;
@@ -324,10 +301,10 @@ TrainConfig TrainConfig::load(const std::string& path, const std::vector<std::st
   // Every key in the file must be known.
   std::set<std::string> seen;
   for (auto&& [section, node] : root) {
-    const std::string s(section.str());
+    const std::string s = ascii_decode(section.str());
     if (!node.is_table()) throw unknown_key(s, fields, " in " + path);
     for (auto&& [key, value] : *node.as_table()) {
-      const std::string full = s + "." + std::string(key.str());
+      const std::string full = s + "." + ascii_decode(key.str());
       auto it = by_key.find(full);
       if (it == by_key.end()) throw unknown_key(full, fields, " in " + path);
       assign(*it->second, value);
@@ -416,6 +393,8 @@ std::string TrainConfig::to_toml() const {
             toml::array a;
             for (int64_t x : *p) a.push_back(x);
             t.insert(f.key.substr(dot + 1), std::move(a));
+          } else if constexpr (std::is_same_v<std::remove_pointer_t<decltype(p)>, std::string>) {
+            t.insert(f.key.substr(dot + 1), ascii_encode(*p));  // toml++ sees ASCII only
           } else {
             t.insert(f.key.substr(dot + 1), *p);
           }
@@ -426,7 +405,7 @@ std::string TrainConfig::to_toml() const {
   for (auto& [name, t] : sections) root.insert(name, std::move(t));
   std::ostringstream s;
   s << root << "\n";
-  return s.str();
+  return ascii_decode(s.str());
 }
 
 optim::AdamWParams TrainConfig::adamw() const {
