@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "loom/comm/bootstrap.h"
 #include "loom/core/error.h"
 #include "loom/core/hmac.h"
 
@@ -241,6 +242,7 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
     cfg.token = s->get("loom_token", loom::Deadline::after_seconds(cfg.timeout_s));
   }
   try {
+    loom::comm::follow_launcher();  // under `loom run`, die with it
     comm_ = loom::comm::Communicator::create(s, rank, size, cfg);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "loom: could not connect the process group: ", e.what());

@@ -4,9 +4,11 @@ Run with /usr/bin/python3 -m pytest tests/torch (PYTHONPATH holding build/python
 CTest entry sets it). Ranks are plain subprocesses (torchrun is not used: see README)."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -94,6 +96,42 @@ def test_loom_run_starts_a_torch_script():
     assert p.returncode == 0, p.stderr[-3000:]
     for r in range(3):
         assert "[rank %d] rank %d of 3: sum 6" % (r, r) in p.stdout, p.stdout
+
+
+def test_ranks_die_with_their_launcher():
+    """kill -9 of `loom run` (it hosts the store): torch ranks die with it at once, as loom's
+    own do (PR_SET_PDEATHSIG via loom_comm's follow_launcher; the fault campaign found
+    ranks training on, orphaned)."""
+    loom = os.environ.get("LOOM_BIN")
+    if not loom:
+        pytest.skip("LOOM_BIN (the loom executable) not given")
+    p = subprocess.Popen([loom, "run", "-n", "2", sys.executable,
+                          os.path.join(HERE, "env_worker.py")], stdout=subprocess.PIPE,
+                         text=True, env=dict(os.environ, LOOM_TEST_LINGER="1"))
+    seen = 0
+    while seen < 2:
+        line = p.stdout.readline()
+        assert line, "the ranks did not start"
+        seen += "sum 3" in line
+    with open("/proc/%d/task/%d/children" % (p.pid, p.pid)) as f:
+        ranks = [int(x) for x in f.read().split()]
+    assert len(ranks) == 2, ranks
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    def alive(pid):  # (a dead orphan may stay a zombie until init reaps it)
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                return f.read().split(")")[-1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    end = time.time() + 3
+    while time.time() < end and any(alive(r) for r in ranks):
+        time.sleep(0.05)
+    left = [r for r in ranks if alive(r)]
+    for r in left:
+        os.kill(r, signal.SIGKILL)
+    assert not left, "ranks %s outlived their launcher by 3 s" % left
 
 
 @pytest.mark.parametrize("world", [3])

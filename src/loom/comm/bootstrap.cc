@@ -184,12 +184,9 @@ void bind_local_rank(const LaunchInfo& info) {
                           << cpus[k * per];
 }
 
-// A rank started by `loom run` (LOOM_LAUNCHER_PID, its parent) dies with it: the launcher
-// hosts the store and carries the ranks' output, and ranks that outlived it trained on,
-// unseen, to the end of the job (found by the fault campaign, tests/chaos: kill -9 of the
-// launcher). A rank behind a wrapper process (its parent is not the launcher) is left to
-// the wrapper; one whose launcher is gone already stops here.
-namespace {
+// Why: the launcher hosts the store and carries the ranks' output, and ranks that outlived
+// it trained on, unseen, to the end of the job (found by the fault campaign, tests/chaos:
+// kill -9 of the launcher).
 void follow_launcher() {
   const char* p = std::getenv("LOOM_LAUNCHER_PID");
   if (!p || !*p) return;
@@ -204,7 +201,6 @@ void follow_launcher() {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != launcher) ::raise(SIGKILL);  // it died between the check and prctl
 }
-}  // namespace
 
 std::shared_ptr<Communicator> init_from_env(CommConfig cfg) {
   follow_launcher();

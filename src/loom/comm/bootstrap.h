@@ -39,6 +39,11 @@ std::string first_slurm_host(const std::string& nodelist);
 // The store address this job uses (see above).
 std::string store_url_from_env(const LaunchInfo& info);
 
+// A rank started by `loom run` (LOOM_LAUNCHER_PID, its parent) dies with its launcher
+// (PR_SET_PDEATHSIG); throws PeerError when that launcher has exited already. A rank behind
+// a wrapper process is left to the wrapper. init_from_env calls it; so does loom_torch.
+void follow_launcher();
+
 // Rendezvous and connect: returns this rank's world communicator. The store server, when
 // this rank hosts it, lives as long as the communicator.
 std::shared_ptr<Communicator> init_from_env(CommConfig cfg = CommConfig::from_env());
