@@ -172,8 +172,7 @@ std::string manifest_problem(const nlohmann::json& m) {
       if (!p.is_object()) return where + " has a piece that is not an object";
       if (!p.contains("file") || !p["file"].is_string()) return where + ": a piece names no file";
       const std::string file = p["file"];
-      if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
-          file.find('\0') != std::string::npos)
+      if (!plain_file_name(file))
         return where + ": piece file '" + file + "' is not a file name inside the checkpoint";
       for (const char* key : {"offset", "begin", "count"})
         if (!p.contains(key) || !count_ok(p[key]) || p[key].get<int64_t>() > kMaxElements * 4)

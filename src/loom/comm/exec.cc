@@ -25,7 +25,6 @@ Exec::Exec(int rank, int size, std::vector<std::unique_ptr<Pair>>& pairs, const 
            std::function<void()> check_abort, std::vector<std::byte>& scratch)
     : rank_(rank),
       size_(size),
-      world_rank_(rank),
       pairs_(pairs),
       topo_(topo),
       fp_(fp),
@@ -34,13 +33,7 @@ Exec::Exec(int rank, int size, std::vector<std::unique_ptr<Pair>>& pairs, const 
       deadline_(deadline),
       policy_(policy),
       check_abort_(std::move(check_abort)),
-      scratch_(scratch) {
-  for (const auto& p : pairs)
-    if (p) {
-      world_rank_ = p->world_self();
-      break;
-    }
-}
+      scratch_(scratch) {}
 
 void Exec::set_op(const Fingerprint& fp, uint64_t seq) {
   fp_ = fp;
@@ -129,10 +122,13 @@ std::vector<int> Exec::busy_peers() const {
 
 void Exec::timed_out() {
   std::string waiting;
-  for (auto& p : pairs_)
+  int me = rank_;  // messages name world ranks, which the pairs know
+  for (auto& p : pairs_) {
+    if (p) me = p->world_self();
     if (p && p->busy()) waiting += (waiting.empty() ? "" : ", ") + std::to_string(p->world_peer());
+  }
   throw PeerError(PeerError::Kind::kTimeout,
-                  "rank " + std::to_string(world_rank_) + " timed out in " + fp_.str() +
+                  "rank " + std::to_string(me) + " timed out in " + fp_.str() +
                       " at sequence number " + std::to_string(seq_) + " waiting for rank(s) " +
                       waiting +
                       " (the timeout comes from LOOM_TIMEOUT_S or the call's timeout option)");

@@ -70,7 +70,6 @@ class Exec {
   [[noreturn]] void timed_out();
 
   int rank_, size_;
-  int world_rank_;  // for messages (the pairs know it)
   std::vector<std::unique_ptr<Pair>>& pairs_;
   const Topology& topo_;
   Fingerprint fp_;

@@ -72,4 +72,9 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
+bool plain_file_name(std::string_view name) {
+  return !name.empty() && name != "." && name != ".." &&
+         name.find_first_of(std::string_view("/\0", 2)) == std::string_view::npos;
+}
+
 }  // namespace loom

@@ -16,5 +16,9 @@ std::string read_file(const std::string& path);
 void fsync_dir(const std::string& dir);
 // fsync a file by path.
 void fsync_file(const std::string& path);
+// Whether `name`, read from a file loom wrote (a manifest), names a file directly inside its
+// folder: not empty, not "." or "..", no '/' and no NUL. A damaged or hand-made manifest
+// must not make loom open files elsewhere.
+bool plain_file_name(std::string_view name);
 
 }  // namespace loom

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
+#include "loom/core/file.h"
 #include "loom/data/tokenizer.h"
 
 namespace loom::data {
@@ -36,8 +37,7 @@ TokenDataset TokenDataset::open(const std::string& dir, const std::string& split
         !s["tokens"].is_number_unsigned())
       throw bad("a shard entry lacks its \"file\" name or \"tokens\" count");
     const std::string file = s["file"];
-    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
-        file.find('\0') != std::string::npos)
+    if (!plain_file_name(file))
       throw bad("shard file '" + file + "' is not a file name inside the folder");
     ShardView v = ShardView::open(dir + "/" + file, Gpt2Tokenizer::kVocabSize);
     const uint64_t want = s["tokens"];
