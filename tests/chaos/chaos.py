@@ -39,7 +39,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from common import TOL, Trainer, losses, prepare_data, rank_pid  # noqa: E402
+from common import TOL, Trainer, alive, losses, prepare_data, rank_pid  # noqa: E402
 
 STEPS = 30        # per training run; checkpoints every 5
 TIMEOUT_S = 8     # LOOM_TIMEOUT_S: a stopped rank's peers give up after this
@@ -94,25 +94,6 @@ def leaked_shm(before):
         if pid.isdigit() and not os.path.exists("/proc/" + pid):
             out.append(name)
     return sorted(out)
-
-
-def alive(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def children_of(pid):
-    out = []
-    try:
-        for task in os.listdir("/proc/%d/task" % pid):
-            with open("/proc/%d/task/%s/children" % (pid, task)) as f:
-                out += [int(x) for x in f.read().split()]
-    except OSError:
-        pass
-    return out
 
 
 def rank_connections(pid):
@@ -208,7 +189,6 @@ class Campaign:
         the losses after it must be the uninterrupted run's."""
         ckpts = sorted(glob.glob(os.path.join(run_dir, "ckpt", "step_*")))
         if not ckpts:  # the fault came before the first checkpoint (step 5)
-            t.check(not glob.glob(os.path.join(run_dir, "ckpt", "step_*", "manifest.json")), "")
             t.note += "no checkpoint yet; "
             return
         step = int(ckpts[-1].rsplit("_", 1)[1])
@@ -254,8 +234,7 @@ class Campaign:
         # What every fault must leave behind: nothing of the run's.
         time.sleep(0.3)
         left = processes_mentioning(run_dir)
-        if t.check(not left, "processes of the run were left: %s" % left):
-            pass
+        t.check(not left, "processes of the run were left: %s" % left)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         leaked = leaked_shm(before)
@@ -439,7 +418,6 @@ class Campaign:
         t.check(rc == 2, "a full disk should end the job with a user error (2), got %s" % rc)
         t.check(re.search(r"No space left on device", text) and "ckpt" in text,
                 "the error should name the checkpoint and the full disk: " + text[-400:])
-        t.check(len(re.findall(r"No space left", text)) >= 1, "")
         # The first checkpoint is intact; copy the run off the tmpfs and resume from it.
         safe = run_dir + "_safe"
         shutil.rmtree(safe, ignore_errors=True)

@@ -93,6 +93,15 @@ def children(pid):
     return out
 
 
+def alive(pid):
+    """Whether pid runs (a dead orphan stays a zombie until init reaps it: not alive)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def rank_pid(launcher_pid, rank):
     """The pid of the child of a `loom run` launcher that runs `rank`."""
     for c in children(launcher_pid):

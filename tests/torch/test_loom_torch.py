@@ -14,7 +14,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-from common import free_port  # noqa: E402
+from common import alive, children, free_port  # noqa: E402
 
 
 def launch(scenario, world, timeout=240, **extra_env):
@@ -113,18 +113,10 @@ def test_ranks_die_with_their_launcher():
         line = p.stdout.readline()
         assert line, "the ranks did not start"
         seen += "sum 3" in line
-    with open("/proc/%d/task/%d/children" % (p.pid, p.pid)) as f:
-        ranks = [int(x) for x in f.read().split()]
+    ranks = children(p.pid)
     assert len(ranks) == 2, ranks
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
-    def alive(pid):  # (a dead orphan may stay a zombie until init reaps it)
-        try:
-            with open("/proc/%d/stat" % pid) as f:
-                return f.read().split(")")[-1].split()[0] != "Z"
-        except OSError:
-            return False
-
     end = time.time() + 3
     while time.time() < end and any(alive(r) for r in ranks):
         time.sleep(0.05)
