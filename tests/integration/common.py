@@ -13,6 +13,22 @@ import time
 
 TOL = 1e-5  # per-step losses of two layouts of the same optimisation, relative
 
+# Under the sanitizers (scripts/test.sh sets LOOM_E2E_SANITIZED=1 for the ASan pass) the
+# equivalence modes run each code path once -- the cases named by sanitized_cases() -- not
+# every combination: a run is ~5x slower there, and the release pass runs them all.
+SANITIZED = os.environ.get("LOOM_E2E_SANITIZED") == "1"
+
+
+def sanitized_cases(cases, names):
+    """`cases` ((name, ...) tuples), or under the sanitizers only those named in `names`."""
+    if not SANITIZED:
+        return cases
+    kept = [c for c in cases if c[0] in names]
+    if len(kept) != len(names):
+        fail("sanitized_cases: no case named %s" % (set(names) - {c[0] for c in kept}))
+    print("(sanitizer build: %d of %d cases)" % (len(kept), len(cases)))
+    return kept
+
 
 def fail(msg):
     print("FAIL:", msg)
