@@ -6,11 +6,11 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <random>
 
 #include "loom/ckpt/checkpoint.h"
 #include "loom/core/error.h"
 #include "loom/data/tokenizer.h"
+#include "loom/model/generate.h"
 #include "loom/model/gpt.h"
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
@@ -38,42 +38,44 @@ std::function<int()> add_train_command(CLI::App& app) {
   };
 }
 
-namespace {
-// Index of the next token drawn from the first V logits at `temperature` (0: greedy),
-// restricted to the top_k most likely (0: all).
-int draw(const float* logits, int V, double temperature, int top_k, std::mt19937_64& rng) {
-  if (temperature <= 0) return static_cast<int>(std::max_element(logits, logits + V) - logits);
-  std::vector<int> idx(V);
-  for (int i = 0; i < V; ++i) idx[i] = i;
-  const int k = top_k > 0 ? std::min(top_k, V) : V;
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                    [&](int a, int b) { return logits[a] > logits[b]; });
-  std::vector<double> w(k);
-  const double top = logits[idx[0]];
-  for (int i = 0; i < k; ++i) w[i] = std::exp((logits[idx[i]] - top) / temperature);
-  std::discrete_distribution<int> d(w.begin(), w.end());
-  return idx[d(rng)];
-}
-}  // namespace
-
 std::function<int()> add_sample_command(CLI::App& app) {
   struct Args {
-    std::string ckpt, prompt = "\n", vocab;
-    int tokens = 200, top_k = 40;
-    double temperature = 0.8;
-    uint64_t seed = 1;
+    std::string ckpt, vocab, dtype = "fp32";
+    std::vector<std::string> prompts;
+    int tokens = 200;
+    model::SampleOptions o;
+    bool no_cache = false, stats = false;
   };
   auto a = std::make_shared<Args>();
   CLI::App* s = app.add_subcommand("sample", "generate text from a checkpoint");
   s->add_option("--ckpt", a->ckpt, "checkpoint folder, or a run.dir (its newest checkpoint)")
       ->required();
-  s->add_option("--prompt", a->prompt, "text to continue");
-  s->add_option("--tokens,-n", a->tokens, "tokens to generate (default 200)");
-  s->add_option("--temperature", a->temperature, "softmax temperature; 0 = greedy (default 0.8)");
-  s->add_option("--top-k", a->top_k, "sample among the k most likely tokens; 0 = all (default 40)");
-  s->add_option("--seed", a->seed, "random seed (default 1)");
+  s->add_option("--prompt", a->prompts,
+                "text to continue; repeat it for a batch of prompts (default: a new line)");
+  s->add_option("--tokens,-n", a->tokens, "tokens to generate per prompt (default 200)");
+  s->add_option("--temperature", a->o.temperature, "softmax temperature; 0 = greedy (default 0.8)");
+  s->add_option("--top-k", a->o.top_k,
+                "sample among the k most likely tokens; 0 = all (default 40)");
+  s->add_option("--top-p", a->o.top_p,
+                "... and among the fewest most likely holding this much probability (default 1)");
+  s->add_option("--seed", a->o.seed, "random seed (default 1)");
   s->add_option("--vocab", a->vocab, "r50k_base.tiktoken (default: the cached one)");
+  s->add_option("--dtype", a->dtype,
+                "fp32, or bf16: decode reading bf16 copies of the weight matrices (about twice "
+                "as fast; logits within ~1e-2, so text may differ) (default fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  s->add_flag("--no-cache", a->no_cache,
+              "no key/value cache: the whole window again for every token (slow; the reference)");
+  s->add_flag("--stats", a->stats, "print the prompt and generation speeds to stderr");
   return [a]() -> int {
+    a->o.bf16_weights = a->dtype == "bf16";
+    if (a->o.bf16_weights && a->no_cache)
+      throw UserError("--dtype bf16 applies to the key/value cache's decoding",
+                      "leave out --no-cache, or use --dtype fp32");
+    a->o.validate();
+    if (a->tokens < 0)
+      throw UserError("--tokens " + std::to_string(a->tokens) + " is negative",
+                      "the number of tokens to generate per prompt, e.g. -n 200");
     std::string dir = a->ckpt;
     if (!std::filesystem::exists(dir + "/manifest.json")) {
       std::string newest = ckpt::latest(dir + "/ckpt");
@@ -81,28 +83,39 @@ std::function<int()> add_sample_command(CLI::App& app) {
       if (!newest.empty()) dir = newest;
     }
     ckpt::Reader r(dir);
-    model::Gpt m(model::GptConfig::from_json(r.meta()["model"]));
+    model::Gpt m(model::GptConfig::from_json(r.meta()["model"]), true, {}, /*with_grads=*/false);
     for (const auto& t : m.tensors())
       r.read("param/" + t.name, 0, static_cast<int64_t>(t.size), m.params() + t.offset);
     auto tok = data::Gpt2Tokenizer::load(a->vocab);
     data::Gpt2Tokenizer::Encoder enc(tok);
-    std::vector<int> ids = enc.encode(a->prompt);
-    if (ids.empty()) ids.push_back(data::Gpt2Tokenizer::kEndOfText);
-    std::mt19937_64 rng(a->seed);
-    const int ctx = m.config().block_size, V = m.config().vocab_size,
-              Vp = m.config().padded_vocab_size;
-    std::vector<int> generated;
-    for (int n = 0; n < a->tokens; ++n) {
-      const int T = static_cast<int>(std::min<size_t>(ids.size(), ctx));
-      m.forward(ids.data() + ids.size() - T, nullptr, 1, T);
-      const int next =
-          draw(m.logits() + static_cast<size_t>(T - 1) * Vp, V, a->temperature, a->top_k, rng);
-      if (next == data::Gpt2Tokenizer::kEndOfText) break;
-      ids.push_back(next);
-      generated.push_back(next);
+    if (a->prompts.empty()) a->prompts.push_back("\n");
+    std::vector<std::vector<int>> ids;
+    size_t prompt_tokens = 0;
+    for (const auto& p : a->prompts) {
+      ids.push_back(enc.encode(p));
+      if (ids.back().empty()) ids.back().push_back(data::Gpt2Tokenizer::kEndOfText);
+      prompt_tokens += ids.back().size();
     }
-    // Decoded as a whole: a character may span tokens.
-    std::printf("%s%s\n", a->prompt.c_str(), tok->decode(generated).c_str());
+    model::GenerateStats st;
+    const auto out = model::generate(m, ids, a->tokens, a->o, !a->no_cache,
+                                     data::Gpt2Tokenizer::kEndOfText, &st);
+    size_t generated = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (i > 0) std::printf("----\n");
+      // Decoded as a whole: a character may span tokens.
+      std::printf("%s%s\n", a->prompts[i].c_str(), tok->decode(out[i]).c_str());
+      generated += out[i].size();
+    }
+    if (a->stats) {
+      // Each prompt's first new token comes from its prompt's forward; the rest one by one.
+      const double gen_s = st.total_s - st.first_token_s;
+      const size_t stepped = generated - std::min(generated, out.size());
+      std::fprintf(stderr,
+                   "loom sample: %zu prompt(s), %zu prompt tokens: first new token after %.3f s; "
+                   "%zu more new tokens in %.3f s: %.1f tokens/s (key/value cache %s, %s)\n",
+                   out.size(), prompt_tokens, st.first_token_s, stepped, gen_s,
+                   gen_s > 0 ? stepped / gen_s : 0.0, a->no_cache ? "off" : "on", a->dtype.c_str());
+    }
     return 0;
   };
 }

@@ -193,6 +193,28 @@ def check_resume():
     if s1 != s2 or not s1.startswith("In the beginning") or len(s1) < len("In the beginning") + 20:
         fail(f"sample output not deterministic or too short: {s1!r} vs {s2!r}")
     print("sample:", s1.strip().replace("\n", " ")[:120])
+    # A batch of prompts: each continues its own prompt, the greedy text of each equals its
+    # text alone, and greedy decoding with the cache equals the full-window reference.
+    greedy = [LOOM, "sample", "--ckpt", a, "-n", "20", "--temperature", "0"]
+    prompts = ["And God said", "Jesus wept"]
+    both = run(greedy + ["--prompt", prompts[0], "--prompt", prompts[1]]).stdout.split("----\n")
+    for text, prompt in zip(both, prompts):
+        alone = run(greedy + ["--prompt", prompt]).stdout
+        reference = run(greedy + ["--prompt", prompt, "--no-cache"]).stdout
+        if not (text == alone == reference and text.startswith(prompt)):
+            fail(f"batch / alone / no-cache sample differ for {prompt!r}: {text!r} {alone!r} "
+                 f"{reference!r}")
+    print("sample: a batch of 2 prompts equals each alone and the no-cache reference")
+    # Threads follow the CPUs the process may use (taskset here; a cpuset in a container).
+    cmd = train_cmd(os.path.join(WORK, "run_taskset"), "--set", "train.steps=1",
+                    "--set", "train.threads=0")
+    out = run(["taskset", "-c", "0"] + [x for x in cmd if x != "--quiet"]).stdout
+    if "threads per rank: 1 (1 CPUs this process may use / 1 rank(s)" not in out:
+        fail("under taskset -c 0 the first log line should say 1 thread of 1 CPU:\n" + out[:600])
+    print("threads: 1 under taskset -c 0, stated in the first log line")
+    p = run([LOOM, "sample", "--ckpt", a, "--top-p", "0"], expect_rc=2)
+    if "--top-p" not in p.stdout + p.stderr or "hint:" not in p.stdout + p.stderr:
+        fail("--top-p 0 should fail with a one-line error and a hint: " + p.stdout + p.stderr)
 
 
 def check_bf16():

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -114,6 +115,56 @@ TEST(Kernels, Bf16MatmulRoundsOperandsAndAccumulatesInF32) {
       max_diff32 = std::max(max_diff32, std::fabs(out32[n * OC + o] - s));
     }
   EXPECT_GT(max_diff32, 1e-3);  // the fp32 product is measurably different
+}
+
+// The few-row product with bf16 weights: exactly the weights' bf16 values times fp32
+// inputs, summed in fp32 (C = 100: the 32-lane loop and its tail), plus the bias.
+TEST(Kernels, FewRowMatmulWithBf16Weights) {
+  const int C = 100, OC = 70;
+  for (int R : {1, 3, 16}) {
+    auto x = randn(R * C, 40), w = randn(OC * C, 41), b = randn(OC, 42);
+    std::vector<uint16_t> h(w.size());
+    for (size_t i = 0; i < w.size(); ++i) h[i] = f32_to_bf16(w[i]);
+    std::vector<float> out(R * OC);
+    matmul_forward_rows_bf16(out.data(), x.data(), h.data(), b.data(), R, C, OC);
+    for (int r = 0; r < R; ++r)
+      for (int o = 0; o < OC; ++o) {
+        double s = b[o];
+        for (int c = 0; c < C; ++c)
+          s += static_cast<double>(x[r * C + c]) * bf16_to_f32(h[o * C + c]);
+        EXPECT_NEAR(out[r * OC + o], s, 1e-5 * (1 + std::fabs(s))) << R << " " << r << " " << o;
+      }
+  }
+}
+
+// Attention of new rows over cached keys and values equals attention_forward's rows.
+TEST(Kernels, AttentionDecodeEqualsCausalAttention) {
+  const int T = 9, C = 8, NH = 2, hs = C / NH, cap = 12;
+  auto qkv = randn(T * 3 * C, 43, 2.0f);
+  std::vector<float> want(T * C), att(NH * T * T);
+  Gemm gemm;
+  attention_forward(gemm, want.data(), att.data(), qkv.data(), 1, T, C, NH);
+  // The cache (NH, cap, hs) of keys and values at positions 0..T-1.
+  std::vector<float> kc(NH * cap * hs), vc(NH * cap * hs);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < NH; ++h)
+      for (int i = 0; i < hs; ++i) {
+        kc[(h * cap + t) * hs + i] = qkv[t * 3 * C + C + h * hs + i];
+        vc[(h * cap + t) * hs + i] = qkv[t * 3 * C + 2 * C + h * hs + i];
+      }
+  // Rows 2, 8 and 5 (any order), each attending to its prefix.
+  const int rows[] = {2, 8, 5};
+  std::vector<float> q(3 * 3 * C), out(3 * C), scratch(3 * NH * cap);
+  std::vector<const float*> k(3, kc.data()), v(3, vc.data());
+  std::vector<int> len;
+  for (int r = 0; r < 3; ++r) {
+    std::copy_n(&qkv[rows[r] * 3 * C], 3 * C, &q[r * 3 * C]);
+    len.push_back(rows[r] + 1);
+  }
+  attention_decode(out.data(), scratch.data(), q.data(), k.data(), v.data(), len.data(), 3, C, NH,
+                   cap);
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < C; ++c) EXPECT_NEAR(out[r * C + c], want[rows[r] * C + c], 1e-5);
 }
 
 TEST(Kernels, AttentionBackwardAndCausality) {

@@ -23,6 +23,7 @@
 #include "loom/comm/transport/tcp/tcp_pair.h"
 #include "loom/core/check.h"
 #include "loom/core/checksum.h"
+#include "loom/core/cpus.h"
 #include "loom/core/error.h"
 #include "loom/core/log.h"
 #include "loom/core/tunable.h"
@@ -63,12 +64,6 @@ std::string default_host_id() {
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::getline(f, boot);
   return std::string(host) + "/" + boot.substr(0, 8);
-}
-
-int cpus_available() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
 }
 
 struct PeerInfo {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "loom/core/cpus.h"
 #include "loom/core/error.h"
 #include "loom/data/shard.h"
 #include "loom/data/text_source.h"
@@ -145,8 +146,7 @@ PrepSummary run_prep(const PrepOptions& o, std::shared_ptr<const Gpt2Tokenizer> 
   try {
     const uint64_t shard_tokens = std::max<uint64_t>(1, o.shard_bytes / 2);
     SplitWriter train(tmp, "train", 0, shard_tokens), val(tmp, "val", 1, shard_tokens);
-    const int threads =
-        o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+    const int threads = o.threads > 0 ? o.threads : cpus_available();
     std::vector<std::unique_ptr<Gpt2Tokenizer::Encoder>> encoders;
     for (int i = 0; i < threads; ++i)
       encoders.push_back(std::make_unique<Gpt2Tokenizer::Encoder>(tok));

@@ -110,7 +110,8 @@ double GptConfig::flops_per_token(int T) const {
   return 6 * matrix_params + 12 * L * C * T;
 }
 
-Gpt::Gpt(GptConfig cfg, bool own_storage, TensorSplit split) : cfg_(std::move(cfg)), split_(split) {
+Gpt::Gpt(GptConfig cfg, bool own_storage, TensorSplit split, bool with_grads)
+    : cfg_(std::move(cfg)), split_(split) {
   cfg_.validate();
   cfg_.validate_split(split_.size);
   LOOM_CHECK(split_.rank >= 0 && split_.rank < split_.size);
@@ -162,9 +163,10 @@ Gpt::Gpt(GptConfig cfg, bool own_storage, TensorSplit split) : cfg_(std::move(cf
   unit_grads_.assign(units_.size(), nullptr);
   if (own_storage) {
     params_.assign(at, 0.0f);
-    grads_.assign(at, 0.0f);
+    if (with_grads) grads_.assign(at, 0.0f);
     for (int u = 0; u < num_units(); ++u)
-      bind_unit(u, params_.data() + units_[u].first, grads_.data() + units_[u].first);
+      bind_unit(u, params_.data() + units_[u].first,
+                with_grads ? grads_.data() + units_[u].first : nullptr);
   }
 }
 

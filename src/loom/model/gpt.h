@@ -138,8 +138,11 @@ class Gpt {
  public:
   // With own_storage the model allocates the flat parameter and gradient buffers and binds
   // every unit into them; without, the caller binds every unit before use (ZeRO-3).
-  // With split.size > 1, set_tp_comm() must be called before forward().
-  explicit Gpt(GptConfig cfg, bool own_storage = true, TensorSplit split = {});
+  // With split.size > 1, set_tp_comm() must be called before forward(). Without
+  // with_grads (inference: `loom sample`) no gradient buffer is allocated; backward() must
+  // not be called.
+  explicit Gpt(GptConfig cfg, bool own_storage = true, TensorSplit split = {},
+               bool with_grads = true);
   const GptConfig& config() const { return cfg_; }
   const TensorSplit& split() const { return split_; }
   void set_tp_comm(TpComm* comm) { tp_comm_ = comm; }

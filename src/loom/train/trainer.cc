@@ -16,6 +16,7 @@
 #include "loom/ckpt/checkpoint.h"
 #include "loom/comm/bootstrap.h"
 #include "loom/comm/flight_recorder.h"
+#include "loom/core/cpus.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/core/state_memory.h"
@@ -601,11 +602,13 @@ int Trainer::run() {
   // Everything that can be wrong with the input is checked here, on every rank, before
   // any rank connects or writes.
   plan_layout();
-  const int threads =
-      cfg_.threads > 0
-          ? static_cast<int>(cfg_.threads)
-          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / launch_.local_size);
+  const int threads = cfg_.threads > 0 ? static_cast<int>(cfg_.threads)
+                                       : std::max(1, cpus_available() / launch_.local_size);
   omp_set_num_threads(threads);
+  const std::string threads_why =
+      cfg_.threads > 0 ? " (train.threads)"
+                       : " (" + std::to_string(cpus_available()) + " CPUs this process may use / " +
+                             std::to_string(launch_.local_size) + " rank(s) on this machine)";
   model_ = std::make_unique<model::Gpt>(
       model_cfg_, /*own_storage=*/false,
       model::TensorSplit{mesh_->tp(), coord_.tp, cfg_.sequence_parallel});
@@ -694,12 +697,13 @@ int Trainer::run() {
     std::printf(
         "loom: training %s (%.1fM parameters) on %s: %lld steps of %lld sequences x %lld "
         "tokens (micro-batch %lld x %lld accumulation x %d data-parallel, ZeRO %lld), %s%s, "
-        "threads per rank: %d, MFU peak %.0f GFLOP/s%s\n",
+        "threads per rank: %d%s, MFU peak %.0f GFLOP/s%s\n",
         model_cfg_.name.c_str(), params / 1e6, cfg_.data_path.c_str(),
         static_cast<long long>(cfg_.steps), static_cast<long long>(cfg_.global_batch),
         static_cast<long long>(cfg_.seq_len), static_cast<long long>(cfg_.micro_batch),
         static_cast<long long>(cfg_.grad_accum), mesh_->dp(), static_cast<long long>(cfg_.zero),
-        cfg_.dtype.c_str(), requested_dtype == "auto" ? " (auto)" : "", threads, peak_gflops_,
+        cfg_.dtype.c_str(), requested_dtype == "auto" ? " (auto)" : "", threads,
+        threads_why.c_str(), peak_gflops_,
         peaks[0] > 0
             ? (" (GEMM peaks per rank: fp32 " + std::to_string(std::lround(peaks[0] / world_)) +
                ", bf16 " + std::to_string(std::lround(peaks[1] / world_)) + ")")

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "loom/kernels/cpu/kernels.h"
+#include "loom/kernels/cpu/vecmath.h"
 
 namespace loom::kernels::cpu {
 
@@ -81,6 +82,48 @@ void attention_backward(Gemm& gemm, float* dinp, float* scratch, const float* do
            qkv_view(dinp, 0, T, C, hs, false), 1.0f, true, false);
   gemm.run({T, hs, T, B, NH}, tt_view(datt, T, NH, true), qkv_view(inp, 0, T, C, hs, false),
            qkv_view(dinp, 1, T, C, hs, false), 1.0f, true, false);
+}
+
+namespace {
+// One (row, head): a (n) = softmax(q . K[j] * scale) over j < n, out (hs) = sum_j a[j] V[j],
+// the softmax written as attention_forward's (max, exp, sum, scale by 1/sum).
+LOOM_VECTOR_CLONES void decode_head(float* out, float* a, const float* q, const float* K,
+                                    const float* V, int n, int hs, float scale) {
+  float maxv = -INFINITY;
+  for (int j = 0; j < n; ++j) {
+    const float* kj = K + static_cast<size_t>(j) * hs;
+    float dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int i = 0; i < hs; ++i) dot += q[i] * kj[i];
+    a[j] = dot * scale;
+    maxv = std::max(maxv, a[j]);
+  }
+  float sum = 0;
+  for (int j = 0; j < n; ++j) sum += a[j] = std::exp(a[j] - maxv);
+  const float inv = 1.0f / sum;
+  for (int i = 0; i < hs; ++i) out[i] = 0;
+  for (int j = 0; j < n; ++j) {
+    const float aj = a[j] * inv;
+    const float* vj = V + static_cast<size_t>(j) * hs;
+#pragma omp simd
+    for (int i = 0; i < hs; ++i) out[i] += aj * vj[i];
+  }
+}
+}  // namespace
+
+void attention_decode(float* out, float* scratch, const float* qkv, const float* const* k,
+                      const float* const* v, const int* len, int R, int C, int NH, int cap) {
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+#pragma omp parallel for collapse(2)
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < NH; ++h) {
+      const size_t head = static_cast<size_t>(h) * cap * hs;
+      decode_head(out + static_cast<size_t>(r) * C + h * hs,
+                  scratch + (static_cast<size_t>(r) * NH + h) * cap,
+                  qkv + static_cast<size_t>(r) * 3 * C + h * hs, k[r] + head, v[r] + head, len[r],
+                  hs, scale);
+    }
 }
 
 }  // namespace loom::kernels::cpu

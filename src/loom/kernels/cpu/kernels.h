@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "loom/kernels/cpu/gemm.h"
 
@@ -57,6 +58,10 @@ void matmul_backward_input(Gemm& gemm, float* dinp, const float* dout, const flo
                            int C, int OC);
 void matmul_backward_weight(Gemm& gemm, float* dweight, float* dbias, const float* dout,
                             const float* inp, int N, int C, int OC);
+// The forward on a few rows (R up to ~16; generation) with bf16 weights (raw bits, widened
+// in registers; half the bytes of fp32 to read), fp32 products and sums.
+void matmul_forward_rows_bf16(float* out, const float* inp, const uint16_t* weight,
+                              const float* bias, int R, int C, int OC);
 // out (N,OC) += bias (OC) on every row (a row-parallel linear's bias, after its reduction).
 void bias_forward(float* out, const float* bias, int N, int OC);
 
@@ -67,6 +72,11 @@ void attention_forward(Gemm& gemm, float* out, float* att, const float* inp, int
                        int NH);
 void attention_backward(Gemm& gemm, float* dinp, float* scratch, const float* dout,
                         const float* inp, const float* att, int B, int T, int C, int NH);
+// Attention of R new rows over cached keys and values (generation): row r's query (inside
+// qkv (R,3C), as in attention_forward) attends to positions [0, len[r]) of its sequence,
+// whose keys and values are k[r], v[r] (NH, cap, hs) each. out (R,C); scratch (R,NH,cap).
+void attention_decode(float* out, float* scratch, const float* qkv, const float* const* k,
+                      const float* const* v, const int* len, int R, int C, int NH, int cap);
 
 // GELU, tanh approximation (as GPT-2 and PyTorch's approximate="tanh").
 void gelu_forward(float* out, const float* inp, size_t n);

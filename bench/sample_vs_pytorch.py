@@ -1,0 +1,202 @@
+#!/usr/bin/python3
+"""loom sample (key/value cache) vs PyTorch 1.13 (Debian python3-torch) generating with a
+key/value cache from the same checkpoint, and vs loom without the cache, in one run, same
+threads: greedy decoding, a prompt of P tokens from the King James Bible, N new tokens.
+
+    /usr/bin/python3 bench/sample_vs_pytorch.py LOOM DATA_DIR [--model gpt2-124m]
+        [--prompt-tokens 512] [--new 256] [--rounds 3]
+
+DATA_DIR is a `loom prep` folder (the checkpoint is a 1-step run of the model on it: the
+speed does not depend on the weights). Rounds interleave loom (fp32, bf16 weights) and PyTorch
+(1 thread and all cores: on 2 cores its 1-thread decoding was the faster); medians. The
+PyTorch model reads the checkpoint's tensors, so its greedy tokens are compared with loom's.
+Prints a markdown table for docs/perf.md.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def read_checkpoint(step_dir):
+    """{name: np.ndarray} of the param/ tensors of a one-process checkpoint (whole pieces)."""
+    man = json.load(open(os.path.join(step_dir, "manifest.json")))
+    out = {}
+    for name, t in man["tensors"].items():
+        if not name.startswith("param/"):
+            continue
+        flat = np.empty(int(np.prod(t["shape"])), dtype=np.float32)
+        for p in t["pieces"]:
+            if "start" in p:
+                sys.exit("read_checkpoint: a one-process checkpoint is expected (boxes found)")
+            with open(os.path.join(step_dir, p["file"]), "rb") as f:
+                f.seek(p["offset"])
+                flat[p["begin"]:p["begin"] + p["count"]] = np.frombuffer(
+                    f.read(4 * p["count"]), dtype=np.float32)
+        out[name[len("param/"):]] = flat.reshape(t["shape"])
+    return out, man["meta"]["model"]
+
+
+def torch_generate(params, cfg, prompt, new, threads):
+    """Greedy decoding with a key/value cache in PyTorch; (tokens, prefill s, decode s).
+
+    Written for speed: the cache is preallocated and written in place (torch.cat of the
+    growing cache cost more than the products here), denormals are flushed, and single rows
+    go through
+    matrix-vector products (torch.mv), ~6x faster than F.linear's addmm on one row with
+    Debian's PyTorch build (BLAS_INFO=generic)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)  # tiny attention weights made softmax and mv ~3x slower
+    P = {k: torch.from_numpy(v) for k, v in params.items()}
+    L, NH, C, T = cfg["n_layer"], cfg["n_head"], cfg["n_embd"], cfg["block_size"]
+    V, hs = cfg["vocab_size"], C // NH
+    kc = torch.zeros(L, NH, T, hs)
+    vc = torch.zeros(L, NH, T, hs)
+
+    def linear(x, w, b=None):  # x (n, in), w (out, in)
+        if x.shape[0] == 1:
+            y = torch.mv(w, x[0]).unsqueeze(0)
+            return y if b is None else y + b
+        return F.linear(x, w, b)
+
+    def forward(tokens, pos0):  # tokens (n,) at positions pos0.. -> logits of the last (V,)
+        n = tokens.shape[0]
+        end = pos0 + n
+        x = P["wte"][tokens] + P["wpe"][pos0:end]
+        for layer in range(L):
+            w = lambda s: P["h%d.%s" % (layer, s)]  # noqa: E731
+            h = F.layer_norm(x, (C,), w("ln1w"), w("ln1b"), 1e-5)
+            qkv = linear(h, w("qkvw").reshape(3 * C, C), w("qkvb").reshape(3 * C))
+            q, k, v = (t.reshape(n, NH, hs).transpose(0, 1) for t in qkv.split(C, dim=1))
+            kc[layer, :, pos0:end] = k
+            vc[layer, :, pos0:end] = v
+            att = (q @ kc[layer, :, :end].transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+            if n > 1:  # causal inside the new rows
+                mask = torch.ones(n, end).tril(pos0) == 0
+                att = att.masked_fill(mask, float("-inf"))
+            y = (att.softmax(dim=-1) @ vc[layer, :, :end]).transpose(0, 1).reshape(n, C)
+            x = x + linear(y, w("attprojw"), w("attprojb"))
+            h = F.layer_norm(x, (C,), w("ln2w"), w("ln2b"), 1e-5)
+            h = F.gelu(linear(h, w("fcw"), w("fcb")), approximate="tanh")
+            x = x + linear(h, w("fcprojw"), w("fcprojb"))
+        last = F.layer_norm(x[-1:], (C,), P["lnfw"], P["lnfb"], 1e-5)
+        return linear(last, P["wte"])[0, :V]
+
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        nxt = int(forward(torch.tensor(prompt), 0).argmax())
+        t1 = time.perf_counter()
+        out = [nxt]
+        while len(out) < new:
+            nxt = int(forward(torch.tensor([nxt]), len(prompt) + len(out) - 1).argmax())
+            out.append(nxt)
+        t2 = time.perf_counter()
+    return out, t1 - t0, t2 - t1
+
+
+def loom_sample(loom, ckpt, text, new, cache, dtype="fp32"):
+    cmd = [loom, "sample", "--ckpt", ckpt, "--prompt", text, "-n", str(new), "--temperature",
+           "0", "--stats", "--dtype", dtype] + ([] if cache else ["--no-cache"])
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    m = re.search(r"first new token after ([\d.]+) s; (\d+) more new tokens in ([\d.]+) s",
+                  p.stderr)
+    if not m:
+        sys.exit("no --stats line from loom sample:\n" + p.stderr)
+    return p.stdout, float(m.group(1)), int(m.group(2)), float(m.group(3))
+
+
+def decode(loom, ids):  # `loom tokenize --decode` ends the text with a new line
+    return subprocess.run([loom, "tokenize", "--decode"] + [str(i) for i in ids],
+                          capture_output=True, text=True, check=True).stdout[:-1]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("loom")
+    ap.add_argument("data")
+    ap.add_argument("--model", default="gpt2-124m")
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--no-cache-new", type=int, default=16,
+                    help="new tokens for loom --no-cache (each re-runs the whole window)")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = os.path.join(tmp, "run")
+        subprocess.run([a.loom, "train", "-c", os.path.join(root, "configs", "tiny.toml"),
+                        "--set", "model.name=" + a.model, "--set", "data.path=" + a.data,
+                        "--set", "run.dir=" + run_dir, "--set", "train.steps=1",
+                        "--set", "train.seq_len=64", "--set", "train.micro_batch=1",
+                        "--set", "train.global_batch=1", "--set", "ckpt.every=1",
+                        "--set", "eval.every=0", "--quiet"], check=True)
+        step_dir = os.path.join(run_dir, "ckpt", sorted(os.listdir(os.path.join(run_dir,
+                                                                                  "ckpt")))[-1])
+        params, cfg = read_checkpoint(step_dir)
+        # The prompt: the first P tokens of Genesis, as text that encodes to exactly them.
+        text = subprocess.run(["bible", "-f", "gen1:1-gen9:29"], capture_output=True,
+                              text=True, check=True).stdout
+        ids = [int(x) for x in subprocess.run([a.loom, "tokenize", text], capture_output=True,
+                                              text=True, check=True).stdout.split()]
+        ids = ids[:a.prompt_tokens]
+        prompt = decode(a.loom, ids)
+        again = [int(x) for x in subprocess.run([a.loom, "tokenize", prompt],
+                                                capture_output=True, text=True,
+                                                check=True).stdout.split()]
+        if again != ids:
+            sys.exit("the prompt text does not encode back to its %d tokens" % len(ids))
+        cores = os.cpu_count()
+        names = ["loom fp32", "loom bf16"] + ["pytorch %d" % t for t in sorted({1, cores})]
+        rows = {k: [] for k in names}
+        for r in range(a.rounds):
+            for name in names:
+                if name.startswith("loom"):
+                    out, first, stepped, gen = loom_sample(a.loom, step_dir, prompt, a.new, True,
+                                                           name.split()[1])
+                    rows[name].append((first, stepped / gen))
+                    if name == "loom fp32":
+                        loom_text = out
+                else:
+                    toks, pre, dec = torch_generate(params, cfg, ids, a.new,
+                                                    int(name.split()[1]))
+                    rows[name].append((pre, (len(toks) - 1) / dec))
+            print("round %d: %s" % (r, ", ".join("%s %.1f tok/s" % (k, v[-1][1])
+                                                 for k, v in rows.items())), file=sys.stderr)
+        _, nc_first, nc_stepped, nc_gen = loom_sample(a.loom, step_dir, prompt,
+                                                      a.no_cache_new, False)
+        same = loom_text == prompt + decode(a.loom, toks) + "\n"
+    med = {k: (statistics.median(x for x, _ in v), statistics.median(y for _, y in v))
+           for k, v in rows.items()}
+    best = max((v[1], k) for k, v in med.items() if k.startswith("pytorch"))
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    cpu = re.search(r"Model name:\s*(.*)", cpu).group(1)
+    print("%s, %d-token prompt, %d new tokens, greedy, %d threads, %s, medians of %d rounds" %
+          (a.model, len(ids), a.new, os.cpu_count(), cpu, a.rounds))
+    print()
+    print("| generator | prompt -> first token (s) | new tokens/s | vs best PyTorch |")
+    print("|---|---:|---:|---:|")
+    label = {"loom fp32": "loom sample, key/value cache, fp32",
+             "loom bf16": "loom sample, key/value cache, --dtype bf16 (bf16 weight copies)"}
+    for k in names:
+        name = label.get(k) or "PyTorch 1.13, key/value cache, fp32, %s thread(s)" % k.split()[1]
+        print("| %s | %.3f | %.1f | %.2fx |" % (name, med[k][0], med[k][1], med[k][1] / best[0]))
+    print("| loom sample --no-cache, fp32 (%d new tokens) | %.3f | %.2f | %.3fx |" %
+          (a.no_cache_new, nc_first, nc_stepped / nc_gen, nc_stepped / nc_gen / best[0]))
+    print()
+    print("greedy text of loom (fp32) and PyTorch (%s): %s" %
+          (best[1], "identical" if same else "DIFFERENT"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+// Generation with a key/value cache: the rule of the file is the training forward's
+// (model/gpt.cc block_forward), run on the rows being appended, with attention over the
+// cache. Shapes: R rows appended, C channels, NH heads of hs = C/NH, L layers; the cache of
+// layer l holds keys and values as (batch, NH, block_size, hs).
+#include "loom/model/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "loom/core/check.h"
+#include "loom/core/dtype.h"
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/kernels.h"
+
+namespace loom::model {
+namespace k = kernels::cpu;
+
+void SampleOptions::validate() const {
+  if (!(temperature >= 0) || !std::isfinite(temperature))
+    throw UserError("--temperature " + std::to_string(temperature) + " is not a number >= 0",
+                    "0 picks the most likely token; 0.8 is the default");
+  if (top_k < 0)
+    throw UserError("--top-k " + std::to_string(top_k) + " is negative",
+                    "0 samples among all tokens; 40 is the default");
+  if (!(top_p > 0 && top_p <= 1))
+    throw UserError("--top-p " + std::to_string(top_p) + " is not in (0, 1]",
+                    "0.9 keeps the most likely tokens that make up 90% of the probability");
+}
+
+int draw_token(const float* logits, int V, const SampleOptions& o, std::mt19937_64& rng) {
+  if (o.temperature <= 0) return static_cast<int>(std::max_element(logits, logits + V) - logits);
+  std::vector<int> idx(V);
+  std::iota(idx.begin(), idx.end(), 0);
+  const int kk = o.top_k > 0 ? std::min(o.top_k, V) : V;
+  std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(),
+                    [&](int a, int b) { return logits[a] > logits[b]; });
+  std::vector<double> w(kk);
+  const double top = logits[idx[0]];
+  double total = 0;
+  for (int i = 0; i < kk; ++i) total += w[i] = std::exp((logits[idx[i]] - top) / o.temperature);
+  int keep = kk;  // nucleus: the fewest most likely tokens holding top_p of the mass
+  if (o.top_p < 1) {
+    double acc = 0;
+    for (int i = 0; i < kk; ++i)
+      if ((acc += w[i]) >= o.top_p * total) {
+        keep = i + 1;
+        break;
+      }
+  }
+  std::discrete_distribution<int> d(w.begin(), w.begin() + keep);
+  return idx[d(rng)];
+}
+
+namespace {
+// A block's tensors, in the order of the model's layout (gpt.h).
+const char* const kBlockTensors[] = {"ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+                                     "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw",  "fcprojb"};
+enum { kLn1w, kLn1b, kQkvw, kQkvb, kProjw, kProjb, kLn2w, kLn2b, kFcw, kFcb, kFcProjw, kFcProjb };
+}  // namespace
+
+KvDecoder::KvDecoder(Gpt& model, int batch, bool bf16_weights) : cfg_(model.config()) {
+  LOOM_CHECK(model.split().size == 1);
+  LOOM_CHECK(batch >= 1);
+  len_.assign(batch, 0);
+  const size_t per_layer = static_cast<size_t>(batch) * cfg_.block_size * cfg_.n_embd;
+  k_.assign(cfg_.n_layer, std::vector<float>(per_layer));
+  v_.assign(cfg_.n_layer, std::vector<float>(per_layer));
+  const size_t rows = std::max(cfg_.block_size, batch), C = cfg_.n_embd;
+  for (auto* v : {&x_, &ln_, &atty_, &proj_}) v->resize(rows * C);
+  qkv_.resize(rows * 3 * C);
+  fch_.resize(rows * 4 * C);
+  gelu_.resize(rows * 4 * C);
+  mean_.resize(rows);
+  rstd_.resize(rows);
+  auto param = [&](const std::string& name) -> const float* {
+    for (const auto& t : model.tensors())
+      if (t.name == name) return model.params() + t.offset;
+    throw InternalError("no parameter tensor " + name);
+  };
+  wte_ = param("wte"), wpe_ = param("wpe"), lnfw_ = param("lnfw"), lnfb_ = param("lnfb");
+  for (int l = 0; l < cfg_.n_layer; ++l)
+    for (const char* name : kBlockTensors) {
+      std::string full = "h";  // (one += at a time: GCC 12 warns on "h" + ... + name)
+      full += std::to_string(l);
+      full += '.';
+      full += name;
+      block_.push_back(param(full));
+    }
+  if (!bf16_weights) return;
+  auto copy = [&](const float* w, size_t n) {
+    auto& h = bf16_[w];
+    h.reset(new uint16_t[n]);  // uninitialised: first touched by the threads that fill it
+#pragma omp parallel for
+    for (size_t i = 0; i < n; ++i) h[i] = f32_to_bf16(w[i]);
+  };
+  copy(wte_, static_cast<size_t>(cfg_.padded_vocab_size) * C);
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    const float* const* w = &block_[l * std::size(kBlockTensors)];
+    copy(w[kQkvw], 3 * C * C), copy(w[kProjw], C * C), copy(w[kFcw], 4 * C * C),
+        copy(w[kFcProjw], 4 * C * C);
+  }
+}
+
+const float* KvDecoder::prefill(int b, const int* tokens, int n) {
+  LOOM_CHECK(n >= 1 && len_[b] + n <= capacity());
+  seq_.assign(n, b);
+  pos_.resize(n);
+  std::iota(pos_.begin(), pos_.end(), len_[b]);
+  const float* logits = forward(n, seq_.data(), pos_.data(), tokens, {n - 1});
+  len_[b] += n;
+  return logits;
+}
+
+const float* KvDecoder::step(const std::vector<int>& seqs, const int* tokens) {
+  pos_.clear();
+  for (int b : seqs) {
+    LOOM_CHECK(len_[b] < capacity());
+    pos_.push_back(len_[b]);
+  }
+  std::vector<int> rows(seqs.size());
+  std::iota(rows.begin(), rows.end(), 0);
+  const float* logits =
+      forward(static_cast<int>(seqs.size()), seqs.data(), pos_.data(), tokens, rows);
+  for (int b : seqs) ++len_[b];
+  return logits;
+}
+
+// A linear on R rows: through oneDNN in fp32, or on few rows (decoding) from the weight's
+// bf16 copy when there is one.
+void KvDecoder::linear(float* out, const float* inp, const float* w, const float* b, int R, int C,
+                       int OC) {
+  const auto h = R <= kFewRows ? bf16_.find(w) : bf16_.end();
+  if (h != bf16_.end())
+    k::matmul_forward_rows_bf16(out, inp, h->second.get(), b, R, C, OC);
+  else
+    k::matmul_forward(gemm_, out, inp, w, b, R, C, OC);
+}
+
+const float* KvDecoder::forward(int R, const int* seq, const int* pos, const int* tok,
+                                const std::vector<int>& out_rows) {
+  const int C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH, ctx = cfg_.block_size;
+  const int Vp = cfg_.padded_vocab_size;
+  const size_t rc = static_cast<size_t>(R) * C;
+  // One sequence from position 0: the training kernel's causal attention over the rows.
+  bool from_start = pos[0] == 0;
+  for (int r = 0; r < R && from_start; ++r) from_start = seq[r] == seq[0] && pos[r] == r;
+
+  const float *wte = wte_, *wpe = wpe_;
+  for (int r = 0; r < R; ++r) {  // x (R,C) = wte[token] + wpe[position]
+    float* x = x_.data() + static_cast<size_t>(r) * C;
+    const float* te = wte + static_cast<size_t>(tok[r]) * C;
+    const float* pe = wpe + static_cast<size_t>(pos[r]) * C;
+    for (int c = 0; c < C; ++c) x[c] = te[c] + pe[c];
+  }
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    const float* const* w = &block_[l * std::size(kBlockTensors)];
+    k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w[kLn1w], w[kLn1b], R,
+                         C);
+    linear(qkv_.data(), ln_.data(), w[kQkvw], w[kQkvb], R, C, 3 * C);
+    // The rows' keys and values join the cache: (R,3C) -> (batch, NH, ctx, hs).
+    float *kc = k_[l].data(), *vc = v_[l].data();
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < NH; ++h) {
+        const size_t at = ((static_cast<size_t>(seq[r]) * NH + h) * ctx + pos[r]) * hs;
+        const float* row = qkv_.data() + static_cast<size_t>(r) * 3 * C + h * hs;
+        std::copy(row + C, row + C + hs, kc + at);
+        std::copy(row + 2 * C, row + 2 * C + hs, vc + at);
+      }
+    if (from_start) {
+      att_.resize(static_cast<size_t>(NH) * R * R);
+      k::attention_forward(gemm_, atty_.data(), att_.data(), qkv_.data(), 1, R, C, NH);
+    } else {  // row r (position p) attends to positions 0..p of its sequence in the cache
+      att_.resize(static_cast<size_t>(R) * NH * ctx);
+      kr_.resize(R), vr_.resize(R), n_.resize(R);
+      for (int r = 0; r < R; ++r) {
+        const size_t seq_at = static_cast<size_t>(seq[r]) * NH * ctx * hs;
+        kr_[r] = kc + seq_at, vr_[r] = vc + seq_at, n_[r] = pos[r] + 1;
+      }
+      k::attention_decode(atty_.data(), att_.data(), qkv_.data(), kr_.data(), vr_.data(), n_.data(),
+                          R, C, NH, ctx);
+    }
+    linear(proj_.data(), atty_.data(), w[kProjw], w[kProjb], R, C, C);
+    k::residual_forward(x_.data(), x_.data(), proj_.data(), rc);
+    k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w[kLn2w], w[kLn2b], R,
+                         C);
+    linear(fch_.data(), ln_.data(), w[kFcw], w[kFcb], R, C, 4 * C);
+    k::gelu_forward(gelu_.data(), fch_.data(), rc * 4);
+    linear(proj_.data(), gelu_.data(), w[kFcProjw], w[kFcProjb], R, 4 * C, C);
+    k::residual_forward(x_.data(), x_.data(), proj_.data(), rc);
+  }
+  // The final norm and the tied head on the rows whose logits are wanted.
+  const int M = static_cast<int>(out_rows.size());
+  for (int i = 0; i < M; ++i)
+    std::copy_n(x_.data() + static_cast<size_t>(out_rows[i]) * C, C,
+                proj_.data() + static_cast<size_t>(i) * C);
+  k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), proj_.data(), lnfw_, lnfb_, M, C);
+  logits_.resize(static_cast<size_t>(M) * Vp);
+  linear(logits_.data(), ln_.data(), wte, nullptr, M, C, Vp);
+  return logits_.data();
+}
+
+std::vector<std::vector<int>> generate(Gpt& model, const std::vector<std::vector<int>>& prompts,
+                                       int max_new, const SampleOptions& o, bool cache, int eot,
+                                       GenerateStats* stats) {
+  o.validate();
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
+  GenerateStats ignored;
+  GenerateStats& st = stats ? *stats : ignored;
+  const int ctx = model.config().block_size, V = model.config().vocab_size;
+  const size_t Vp = model.config().padded_vocab_size;
+  const int n = static_cast<int>(prompts.size());
+  std::vector<std::vector<int>> ids(prompts), out(n);
+  std::vector<std::mt19937_64> rng;
+  for (int b = 0; b < n; ++b) {
+    LOOM_CHECK(!ids[b].empty());
+    rng.emplace_back(o.seed ^ (static_cast<uint64_t>(b) * 0x9E3779B97F4A7C15ULL));
+  }
+  if (!cache) {  // the reference: the whole window again for every token
+    for (int b = 0; b < n; ++b)
+      for (int i = 0; i < max_new; ++i) {
+        const int T = static_cast<int>(std::min<size_t>(ids[b].size(), ctx));
+        model.forward(ids[b].data() + ids[b].size() - T, nullptr, 1, T);
+        const int next = draw_token(model.logits() + (T - 1) * Vp, V, o, rng[b]);
+        if (i == 0 && b == n - 1) st.first_token_s = seconds();
+        if (next == eot) break;
+        ids[b].push_back(next);
+        out[b].push_back(next);
+      }
+    st.total_s = seconds();
+    return out;
+  }
+  KvDecoder dec(model, n, o.bf16_weights);
+  std::vector<float> logits(n * Vp);  // each sequence's latest
+  // (Re)starts sequence b's cache from its last `keep` tokens.
+  auto refill = [&](int b, int keep) {
+    dec.reset(b);
+    const int T = static_cast<int>(std::min<size_t>(ids[b].size(), keep));
+    std::copy_n(dec.prefill(b, ids[b].data() + ids[b].size() - T, T), Vp, &logits[b * Vp]);
+  };
+  for (int b = 0; b < n; ++b) refill(b, ctx);
+  st.first_token_s = seconds();
+  std::vector<bool> done(n, max_new <= 0);
+  std::vector<int> seqs, toks;
+  while (std::find(done.begin(), done.end(), false) != done.end()) {
+    seqs.clear(), toks.clear();
+    for (int b = 0; b < n; ++b) {
+      if (done[b]) continue;
+      const int next = draw_token(&logits[b * Vp], V, o, rng[b]);
+      if (next == eot) {
+        done[b] = true;
+        continue;
+      }
+      ids[b].push_back(next);
+      out[b].push_back(next);
+      if (static_cast<int>(out[b].size()) == max_new) {
+        done[b] = true;  // its logits are not needed
+      } else if (dec.length(b) == ctx) {
+        refill(b, std::max(1, ctx / 2));
+      } else {
+        seqs.push_back(b), toks.push_back(next);
+      }
+    }
+    if (seqs.empty()) continue;
+    const float* lg = dec.step(seqs, toks.data());
+    for (size_t i = 0; i < seqs.size(); ++i) std::copy_n(lg + i * Vp, Vp, &logits[seqs[i] * Vp]);
+  }
+  st.total_s = seconds();
+  return out;
+}
+
+}  // namespace loom::model
