@@ -6,7 +6,9 @@ its own /dev/shm and host identity, joined by veth links to a bridge).
                                             every op and size (auto, and --algo hier), the
                                             ranks started by hand on each machine with the
                                             store on machine 0; the job sees 3 hosts, every
-                                            result is right, no shared memory is left
+                                            result is right, shared memory only inside
+                                            machines; a rank with another job token on
+                                            machine 2 is refused and the job fails
   cluster_e2e.py LOOM WORKDIR train         `loom train` on 3 machines x 2 ranks with ZeRO-3,
                                             and tp 2 (inside each machine) x dp 3 (across):
                                             one process's losses within 1e-5
@@ -29,9 +31,10 @@ def cluster(*args, **kw):
     return subprocess.run(["bash", CLUSTER, *args], check=True, **kw)
 
 
-def start_job(argv, logs):
+def start_job(argv, logs, bad_token_rank=-1, timeout_s=60):
     """Starts argv as MACHINES x PER_MACHINE ranks, each on its machine with the environment
-    a launcher would give it; returns the processes (rank order)."""
+    a launcher would give it (bad_token_rank gets another job token); returns the processes
+    (rank order)."""
     token = secrets.token_hex(16)
     world = MACHINES * PER_MACHINE
     procs = []
@@ -39,8 +42,9 @@ def start_job(argv, logs):
         m, local = divmod(rank, PER_MACHINE)
         env = ["LOOM_RANK=%d" % rank, "LOOM_WORLD_SIZE=%d" % world,
                "LOOM_LOCAL_RANK=%d" % local, "LOOM_LOCAL_WORLD_SIZE=%d" % PER_MACHINE,
-               "LOOM_STORE=tcp://%s:%d" % (addr(0), PORT), "LOOM_JOB_TOKEN=" + token,
-               "LOOM_TIMEOUT_S=60"]
+               "LOOM_STORE=tcp://%s:%d" % (addr(0), PORT),
+               "LOOM_JOB_TOKEN=" + (secrets.token_hex(16) if rank == bad_token_rank else token),
+               "LOOM_TIMEOUT_S=%d" % timeout_s]
         log = open(os.path.join(logs, "rank%d.log" % rank), "w")
         procs.append(subprocess.Popen(["bash", CLUSTER, "exec", str(m), "env", *env, *argv],
                                       stdout=log, stderr=subprocess.STDOUT))
@@ -116,6 +120,39 @@ def collectives():
              "the host's %s), seen: %s" % (host_dev, seen_in_machine))
     print("ok  rank 0 maps shared memory from its machine's own /dev/shm (device %s, the "
           "host's %s); none in the host's" % (",".join(sorted(seen_in_machine)), host_dev))
+    unauthenticated()
+
+
+def unauthenticated():
+    """A rank on machine 2 with another token is refused by the store on machine 0 before
+    any data flows (the store names its address), fails itself, and the job fails within
+    its deadline naming the rank that never joined."""
+    logs = os.path.join(WORK, "bad_token")
+    os.makedirs(logs, exist_ok=True)
+    bad = MACHINES * PER_MACHINE - 1
+    t0 = time.time()
+    procs = start_job([LOOM, "bench", "--op", "allreduce", "--min", "8", "--max", "8"], logs,
+                      bad_token_rank=bad, timeout_s=5)
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            fail("the job with an unauthenticated rank hung")
+    if any(p.returncode == 0 for p in procs):
+        fail("ranks succeeded although rank %d had another token: %s" %
+             (bad, [p.returncode for p in procs]))
+    theirs, store = read(logs, bad), read(logs, 0)
+    if "refused this connection" not in theirs:
+        fail("the rank with another token should be told it was refused:\n" + theirs[-1500:])
+    if "refused store connection from %s" % addr(MACHINES - 1) not in store:
+        fail("the store (rank 0) should log the refusal naming machine %d's address:\n%s" %
+             (MACHINES - 1, store[-1500:]))
+    if "world/peer/%d" % bad not in read(logs, 1):
+        fail("the other ranks should name the rank that never joined:\n" + read(logs, 1)[-1500:])
+    print("ok  a rank on machine %d with another token: refused by the store, the job failed "
+          "in %.1f s" % (MACHINES - 1, time.time() - t0))
 
 
 def train():
