@@ -15,7 +15,8 @@ pkgs=(
   python3-torch                     # PyTorch 1.13: the reference the model is tested against
   libtorch-dev pybind11-dev python3-dev python3-pytest   # loom_torch (torch.distributed backend)
   chromium                          # headless: the `loom report` page test (tests/integration/report_e2e.py)
-  iproute2                          # ss -K: the fault campaign's TCP connection cuts (tests/chaos)
+  iproute2                          # ss -K (tests/chaos), ip netns + tc (tests/cluster)
+  etcd-server etcd-client libcurl4-openssl-dev   # multi-machine rendezvous: etcd's v3 JSON API
 )
 missing=()
 for p in "${pkgs[@]}"; do

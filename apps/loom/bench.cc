@@ -4,7 +4,12 @@
 // operations out of place and in place, then one checked operation on closed-form inputs,
 // and prints size, count, dtype, algorithm, median time, algbw = size / time, busbw =
 // algbw x the op's bus factor (allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall
-// (n-1)/n; broadcast, reduce 1) and #wrong. It exits non-zero on any wrong element.
+// (n-1)/n; broadcast, reduce 1), the share of the copy limit reached (%lim) and #wrong. It
+// exits non-zero on any wrong element. The copy limit (limit(us)) is the time to write the
+// bytes each rank must write into its output — allreduce, broadcast, reduce: the message;
+// allgather, alltoall: the (n-1)/n of it from peers; reduce_scatter: its 1/n block — at the
+// memcpy bandwidth measured in the same run (one thread, 256 MiB; in-cache sizes can pass
+// 100%).
 //
 // --np N spawns N local ranks (this binary again) and hosts the store; without it, the
 // process joins a job started by `loom run`, mpirun or srun.
@@ -70,9 +75,12 @@ struct Case {
   size_t in_elems, out_elems;
   double bus_factor;
   size_t size_bytes;  // what the row reports as size
+  // Bytes each rank must write into its output, as a share of size_bytes: the copy limit
+  // (below) is that many bytes at the measured memcpy bandwidth.
+  double write_factor = 1;
 
   static std::optional<Case> make(OpKind op, size_t bytes, int n, int rank, DType t) {
-    Case c{op, n, rank, t, dtype_size(t), 0, Algo::kAuto, 0, 0, 1.0, 0};
+    Case c{op, n, rank, t, dtype_size(t), 0, Algo::kAuto, 0, 0, 1.0, 0, 1.0};
     size_t elems = bytes / c.es;
     switch (op) {
       case OpKind::kAllreduce:
@@ -87,14 +95,17 @@ struct Case {
       case OpKind::kAllgather:
         c.count = elems / n, c.in_elems = c.count, c.out_elems = c.count * n;
         c.bus_factor = double(n - 1) / n, c.size_bytes = c.count * n * c.es;
+        c.write_factor = double(n - 1) / n;  // the peers' blocks
         break;
       case OpKind::kReduceScatter:
         c.count = elems / n, c.in_elems = c.count * n, c.out_elems = c.count;
         c.bus_factor = double(n - 1) / n, c.size_bytes = c.count * n * c.es;
+        c.write_factor = 1.0 / n;  // its block of the result
         break;
       case OpKind::kAlltoall:
         c.count = elems / n, c.in_elems = c.out_elems = c.count * n;
         c.bus_factor = double(n - 1) / n, c.size_bytes = c.count * n * c.es;
+        c.write_factor = double(n - 1) / n;
         break;
       default:
         return std::nullopt;
@@ -190,7 +201,7 @@ struct Case {
 };
 
 struct Row {
-  double time_us = 0, algbw = 0, busbw = 0;
+  double time_us = 0, algbw = 0, busbw = 0, of_limit = 0;
   int64_t wrong = 0;
 };
 
@@ -213,8 +224,14 @@ int run_rank(const BenchArgs& a) {
   if (rank == 0 && !a.json.empty() && !json)
     throw UserError("cannot write --json file '" + a.json + "'", "check the directory exists");
   bool table = rank == 0 && a.json != "-";
-  if (table && std::getenv("LOOM_BENCH_LAUNCHED") == nullptr)
-    std::printf("# memcpy bandwidth (1 thread, 256 MiB): %.1f GB/s\n", memcpy_gbps(256 << 20));
+  // The copy limit's bandwidth: measured by `loom bench --np`'s launcher before the job,
+  // else by rank 0 now (the other ranks idle at the first barrier meanwhile).
+  double mcpy = 0;
+  if (const char* v = std::getenv("LOOM_BENCH_MEMCPY_GBPS")) mcpy = std::atof(v);
+  if (rank == 0 && mcpy <= 0) {
+    mcpy = memcpy_gbps(256 << 20);
+    if (table) std::printf("# memcpy bandwidth (1 thread, 256 MiB): %.1f GB/s\n", mcpy);
+  }
   if (table)
     std::printf("# %d ranks, %s; dtype %s; iters %d, warmup %d; times are medians over iters\n", n,
                 comm->topology().describe().c_str(), a.dtype.c_str(), a.iters, a.warmup);
@@ -225,9 +242,9 @@ int run_rank(const BenchArgs& a) {
   for (OpKind op : ops) {
     if (table) {
       std::printf("#\n# %s\n", comm::op_name(op));
-      std::printf("# %12s %12s %5s %7s | %10s %9s %9s %7s | %10s %9s %9s %7s\n", "size(B)", "count",
-                  "type", "algo", "oop(us)", "algbw", "busbw", "#wrong", "ip(us)", "algbw", "busbw",
-                  "#wrong");
+      std::printf("# %12s %12s %5s %7s %10s | %10s %9s %9s %5s %7s | %10s %9s %9s %5s %7s\n",
+                  "size(B)", "count", "type", "algo", "limit(us)", "oop(us)", "algbw", "busbw",
+                  "%lim", "#wrong", "ip(us)", "algbw", "busbw", "%lim", "#wrong");
     }
     for (size_t bytes = lo; bytes <= hi; bytes *= static_cast<size_t>(a.factor)) {
       auto c = Case::make(op, bytes, n, rank, *t);
@@ -238,6 +255,8 @@ int run_rank(const BenchArgs& a) {
       c->algo = comm->chosen_algo(op, c->size_bytes, *requested);
       std::vector<std::byte> in(c->in_elems * c->es + 64), out(c->out_elems * c->es + 64);
       for (size_t i = 0; i < c->in_elems; ++i) store_element(*t, in.data(), i, value(rank, i));
+      // The copy limit: the bytes this rank must write, at the memcpy bandwidth.
+      const double limit_us = c->size_bytes * c->write_factor / (mcpy * 1e3);
       Row rows[2];
       for (int ip = 0; ip < 2; ++ip) {
         bool in_place = ip == 1;
@@ -259,6 +278,7 @@ int run_rank(const BenchArgs& a) {
         row.time_us = times[times.size() / 2];
         row.algbw = c->size_bytes / row.time_us / 1e3;
         row.busbw = row.algbw * c->bus_factor;
+        row.of_limit = limit_us / row.time_us;
         if (do_check) {
           int64_t w = c->check(*comm, in, out, in_place, *requested);
           comm->allreduce(&w, &row.wrong, 1, DType::kI64, ReduceOp::kSum);
@@ -275,6 +295,8 @@ int run_rank(const BenchArgs& a) {
                               {"time_us", row.time_us},
                               {"algbw", row.algbw},
                               {"busbw", row.busbw},
+                              {"limit_us", limit_us},
+                              {"of_limit", row.of_limit},
                               {"wrong", do_check ? row.wrong : -1}};
           std::fprintf(json, "%s\n", j.dump().c_str());
         }
@@ -285,11 +307,13 @@ int run_rank(const BenchArgs& a) {
         auto wrong_text = [&](int64_t w) {
           return do_check ? std::to_string(w) : std::string("N/A");
         };
-        std::printf("  %12zu %12zu %5s %7s | %10.2f %9.2f %9.2f %7s | %10.2f %9.2f %9.2f %7s\n",
-                    c->size_bytes, c->count, dtype_name(*t), comm::algo_name(c->algo),
-                    rows[0].time_us, rows[0].algbw, rows[0].busbw,
-                    wrong_text(rows[0].wrong).c_str(), rows[1].time_us, rows[1].algbw,
-                    rows[1].busbw, wrong_text(rows[1].wrong).c_str());
+        std::printf(
+            "  %12zu %12zu %5s %7s %10.2f | %10.2f %9.2f %9.2f %4.0f%% %7s | %10.2f %9.2f %9.2f "
+            "%4.0f%% %7s\n",
+            c->size_bytes, c->count, dtype_name(*t), comm::algo_name(c->algo), limit_us,
+            rows[0].time_us, rows[0].algbw, rows[0].busbw, 100 * rows[0].of_limit,
+            wrong_text(rows[0].wrong).c_str(), rows[1].time_us, rows[1].algbw, rows[1].busbw,
+            100 * rows[1].of_limit, wrong_text(rows[1].wrong).c_str());
         std::fflush(stdout);
       }
       if (a.factor <= 1) break;
@@ -308,12 +332,14 @@ int run_rank(const BenchArgs& a) {
 int run_launcher(const BenchArgs& a) {
   const char* state_note =
       "  (usual ~50 ns; ~210 ns is the host's slow state where shm results drop 4-10x)";
+  const double mcpy = memcpy_gbps(256 << 20);
   if (a.json != "-") {
-    std::printf("# memcpy bandwidth (1 thread, 256 MiB): %.1f GB/s\n", memcpy_gbps(256 << 20));
+    std::printf("# memcpy bandwidth (1 thread, 256 MiB): %.1f GB/s\n", mcpy);
     std::printf("# core-to-core flag latency before: %.0f ns%s\n", flag_latency_ns(), state_note);
     std::fflush(stdout);
   }
   launch::LaunchOptions lo;
+  lo.env["LOOM_BENCH_MEMCPY_GBPS"] = std::to_string(mcpy);
   lo.nprocs = a.np;
   lo.argv = {launch::self_exe(), "bench"};
   lo.argv.insert(lo.argv.end(), a.forwarded.begin(), a.forwarded.end());

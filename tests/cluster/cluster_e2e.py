@@ -15,6 +15,7 @@ its own /dev/shm and host identity, joined by veth links to a bridge).
 """
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -167,6 +168,7 @@ def train():
                          batch + ["--set", "train.tp=2", "--set", "train.zero=1"])):
         d = os.path.join(WORK, "cluster_" + name.replace(" ", "_").replace(",", ""))
         logs = d + "_logs"
+        shutil.rmtree(d, ignore_errors=True)
         os.makedirs(logs, exist_ok=True)
         wait_job(start_job([LOOM] + T.args(d, *extra), logs), logs)
         compare("3 machines x 2 ranks, " + name, losses(d), base)

@@ -33,4 +33,25 @@ bool base64_decode(std::string_view in, std::string& out) {
   return true;
 }
 
+std::string base64_encode(std::string_view in) {
+  static const char* abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 3 <= in.size(); i += 3) {
+    const uint32_t v = static_cast<uint8_t>(in[i]) << 16 | static_cast<uint8_t>(in[i + 1]) << 8 |
+                       static_cast<uint8_t>(in[i + 2]);
+    for (int k = 18; k >= 0; k -= 6) out.push_back(abc[(v >> k) & 63]);
+  }
+  if (i < in.size()) {
+    uint32_t v = static_cast<uint8_t>(in[i]) << 16;
+    if (i + 1 < in.size()) v |= static_cast<uint8_t>(in[i + 1]) << 8;
+    out.push_back(abc[(v >> 18) & 63]);
+    out.push_back(abc[(v >> 12) & 63]);
+    out.push_back(i + 1 < in.size() ? abc[(v >> 6) & 63] : '=');
+    out.push_back('=');
+  }
+  return out;
+}
+
 }  // namespace loom

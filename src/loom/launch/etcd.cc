@@ -1,0 +1,214 @@
+#include "loom/launch/etcd.h"
+
+#include <curl/curl.h>
+
+#include <chrono>
+#include <mutex>
+
+#include "loom/core/base64.h"
+#include "loom/core/error.h"
+
+namespace loom::launch {
+namespace {
+using json = nlohmann::json;
+
+std::string b64(const std::string& s) {
+  return base64_encode(s);
+}
+std::string unb64(const json& j) {
+  std::string out;
+  if (j.is_string()) base64_decode(j.get<std::string>(), out);
+  return out;
+}
+int64_t num(const json& obj, const char* field) {  // int64s are strings; absent means 0
+  if (!obj.is_object() || !obj.contains(field)) return 0;
+  const json& v = obj[field];
+  return v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+}
+EtcdKv kv_of(const json& j) {
+  return {unb64(j.value("key", json())), unb64(j.value("value", json())), num(j, "create_revision"),
+          num(j, "mod_revision"), num(j, "lease")};
+}
+
+void curl_init_once() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+// One POST of a JSON body; the response body goes to `sink` (return false to stop).
+struct Post {
+  CURL* h = nullptr;
+  std::string body;
+  std::string err = std::string(CURL_ERROR_SIZE, '\0');
+  Post(const std::string& url, const std::string& payload, const EtcdTls& tls, double timeout_s)
+      : body(payload) {
+    curl_init_once();
+    h = curl_easy_init();
+    if (!h) throw Error("curl_easy_init failed");
+    curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.c_str());
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_s * 1000));
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeout_s * 1000));
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, err.data());
+    if (!tls.ca_file.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, tls.ca_file.c_str());
+    if (!tls.cert_file.empty()) curl_easy_setopt(h, CURLOPT_SSLCERT, tls.cert_file.c_str());
+    if (!tls.key_file.empty()) curl_easy_setopt(h, CURLOPT_SSLKEY, tls.key_file.c_str());
+  }
+  ~Post() { curl_easy_cleanup(h); }
+  Post(const Post&) = delete;
+  Post& operator=(const Post&) = delete;
+};
+
+size_t append(char* data, size_t size, size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+}  // namespace
+
+std::string etcd_prefix_end(const std::string& prefix) {
+  std::string end = prefix;
+  while (!end.empty()) {
+    if (static_cast<unsigned char>(end.back()) < 0xff) {
+      end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // etcd: every key
+}
+
+Etcd::Etcd(std::string endpoint, EtcdTls tls, double timeout_s)
+    : endpoint_(std::move(endpoint)), tls_(std::move(tls)), timeout_s_(timeout_s) {
+  while (!endpoint_.empty() && endpoint_.back() == '/') endpoint_.pop_back();
+  if (endpoint_.rfind("http://", 0) != 0 && endpoint_.rfind("https://", 0) != 0)
+    throw UserError("etcd endpoint '" + endpoint_ + "' is not http://HOST:PORT or https://...",
+                    "e.g. http://10.0.0.1:2379");
+}
+
+json Etcd::call(const std::string& path, const json& body) {
+  Post post(endpoint_ + path, body.dump(), tls_, timeout_s_);
+  std::string response;
+  curl_easy_setopt(post.h, CURLOPT_WRITEFUNCTION, append);
+  curl_easy_setopt(post.h, CURLOPT_WRITEDATA, &response);
+  const CURLcode rc = curl_easy_perform(post.h);
+  if (rc != CURLE_OK)
+    throw PeerError(PeerError::Kind::kClosed,
+                    "etcd at " + endpoint_ + ": " + path +
+                        " failed: " + (post.err[0] ? post.err.c_str() : curl_easy_strerror(rc)));
+  long status = 0;
+  curl_easy_getinfo(post.h, CURLINFO_RESPONSE_CODE, &status);
+  json j = json::parse(response, nullptr, /*allow_exceptions=*/false);
+  if (status != 200 || j.is_discarded() || j.contains("error"))
+    throw PeerError(PeerError::Kind::kProtocol,
+                    "etcd at " + endpoint_ + ": " + path + " answered HTTP " +
+                        std::to_string(status) + ": " +
+                        (j.is_object() && j.contains("message") ? j["message"].dump()
+                                                                : response.substr(0, 300)));
+  return j;
+}
+
+void Etcd::put(const std::string& key, const std::string& value, int64_t lease) {
+  json body = {{"key", b64(key)}, {"value", b64(value)}};
+  if (lease) body["lease"] = std::to_string(lease);
+  call("/v3/kv/put", body);
+}
+
+std::optional<EtcdKv> Etcd::get(const std::string& key) {
+  const json j = call("/v3/kv/range", {{"key", b64(key)}});
+  if (!j.contains("kvs") || j["kvs"].empty()) return std::nullopt;
+  return kv_of(j["kvs"][0]);
+}
+
+std::vector<EtcdKv> Etcd::get_prefix(const std::string& prefix, int64_t* revision) {
+  const json j =
+      call("/v3/kv/range", {{"key", b64(prefix)}, {"range_end", b64(etcd_prefix_end(prefix))}});
+  if (revision) *revision = num(j.value("header", json::object()), "revision");
+  std::vector<EtcdKv> out;
+  for (const json& kv : j.value("kvs", json::array())) out.push_back(kv_of(kv));
+  return out;
+}
+
+bool Etcd::create(const std::string& key, const std::string& value, int64_t lease) {
+  json put = {{"key", b64(key)}, {"value", b64(value)}};
+  if (lease) put["lease"] = std::to_string(lease);
+  const json j = call(
+      "/v3/kv/txn",
+      {{"compare",
+        {{{"target", "CREATE"}, {"key", b64(key)}, {"create_revision", "0"}, {"result", "EQUAL"}}}},
+       {"success", {{{"request_put", put}}}}});
+  return j.value("succeeded", false);
+}
+
+bool Etcd::compare_and_swap(const std::string& key, const std::string& expected,
+                            const std::string& value) {
+  const json j = call(
+      "/v3/kv/txn",
+      {{"compare",
+        {{{"target", "VALUE"}, {"key", b64(key)}, {"value", b64(expected)}, {"result", "EQUAL"}}}},
+       {"success", {{{"request_put", {{"key", b64(key)}, {"value", b64(value)}}}}}}});
+  return j.value("succeeded", false);
+}
+
+int64_t Etcd::erase(const std::string& key) {
+  return num(call("/v3/kv/deleterange", {{"key", b64(key)}}), "deleted");
+}
+
+int64_t Etcd::erase_prefix(const std::string& prefix) {
+  return num(call("/v3/kv/deleterange",
+                  {{"key", b64(prefix)}, {"range_end", b64(etcd_prefix_end(prefix))}}),
+             "deleted");
+}
+
+int64_t Etcd::grant(int64_t ttl_s) {
+  return num(call("/v3/lease/grant", {{"TTL", std::to_string(ttl_s)}}), "ID");
+}
+
+int64_t Etcd::keep_alive(int64_t lease) {
+  const json j = call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}});
+  return num(j.value("result", json::object()), "TTL");
+}
+
+void Etcd::revoke(int64_t lease) {
+  call("/v3/lease/revoke", {{"ID", std::to_string(lease)}});
+}
+
+std::vector<EtcdEvent> Etcd::watch_prefix(const std::string& prefix, int64_t from,
+                                          double timeout_s) {
+  // The gateway streams one JSON object per message: first {"result": {"created": true}},
+  // then {"result": {"events": [...]}}. Stop at the first events, or at the deadline.
+  struct Stream {
+    std::string buf;
+    std::vector<EtcdEvent> events;
+  } s;
+  const json body = {{"create_request",
+                      {{"key", b64(prefix)},
+                       {"range_end", b64(etcd_prefix_end(prefix))},
+                       {"start_revision", std::to_string(from)}}}};
+  Post post(endpoint_ + "/v3/watch", body.dump(), tls_, timeout_s);
+  auto on_data = +[](char* data, size_t size, size_t n, void* p) -> size_t {
+    auto* st = static_cast<Stream*>(p);
+    st->buf.append(data, size * n);
+    // Messages are whole JSON objects, one per line.
+    size_t nl;
+    while ((nl = st->buf.find('\n')) != std::string::npos) {
+      const json j = json::parse(st->buf.substr(0, nl), nullptr, false);
+      st->buf.erase(0, nl + 1);
+      if (j.is_discarded() || !j.contains("result")) continue;
+      for (const json& e : j["result"].value("events", json::array()))
+        st->events.push_back({e.value("type", "") == "DELETE", kv_of(e.value("kv", json()))});
+    }
+    return st->events.empty() ? size * n : 0;  // 0 ends the transfer
+  };
+  curl_easy_setopt(post.h, CURLOPT_WRITEFUNCTION, on_data);
+  curl_easy_setopt(post.h, CURLOPT_WRITEDATA, &s);
+  const CURLcode rc = curl_easy_perform(post.h);
+  if (rc != CURLE_OK && rc != CURLE_WRITE_ERROR && rc != CURLE_OPERATION_TIMEDOUT)
+    throw PeerError(PeerError::Kind::kClosed,
+                    "etcd at " + endpoint_ + ": /v3/watch failed: " +
+                        (post.err[0] ? post.err.c_str() : curl_easy_strerror(rc)));
+  return s.events;
+}
+
+}  // namespace loom::launch
