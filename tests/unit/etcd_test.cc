@@ -1,7 +1,8 @@
 // loom's etcd v3 client (launch/etcd.h) against a real etcd server (Debian etcd-server 3.4,
 // started here on loopback ports in a scratch data dir): keys and values with any bytes,
 // prefixes in order, create-if-absent, compare-and-swap, deletes, leases that expire
-// unless kept alive, watches, and the errors of an endpoint nobody serves.
+// unless kept alive, watches, https with client certificates the test makes, and the
+// errors of an endpoint nobody serves.
 #include "loom/launch/etcd.h"
 
 #include <gtest/gtest.h>
@@ -12,7 +13,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
+#include <vector>
 
 #include "loom/core/error.h"
 
@@ -24,25 +27,74 @@ int free_port() {
   return next += 2;
 }
 
-// A real etcd for the whole test binary.
+// Certificates for a TLS etcd, made with the openssl command: a CA, a server certificate
+// for 127.0.0.1 and a client certificate, all signed by the CA.
+void make_certificates(const std::string& dir) {
+  const std::string script =
+      "set -e; cd '" + dir +
+      "'\n"
+      "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 "
+      "-subj /CN=loom-test-ca\n"
+      "for who in server client; do\n"
+      "  openssl req -newkey rsa:2048 -nodes -keyout $who.key -out $who.csr -subj /CN=$who\n"
+      "  if [ $who = server ]; then echo subjectAltName=IP:127.0.0.1 > $who.ext;\n"
+      "  else echo extendedKeyUsage=clientAuth > $who.ext; fi\n"
+      "  openssl x509 -req -in $who.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 "
+      "-extfile $who.ext -out $who.crt\n"
+      "done\n";
+  const std::string file = dir + "/make.sh";
+  std::ofstream(file) << script;
+  if (std::system(("bash " + file + " > " + dir + "/make.log 2>&1").c_str()) != 0)
+    throw std::runtime_error("openssl could not make the test certificates: see " + dir +
+                             "/make.log");
+}
+
+// A real etcd, on loopback ports, its data and certificates in a scratch folder; with tls,
+// https only and client certificates required.
 class EtcdServer {
  public:
-  EtcdServer() {
-    dir_ = std::filesystem::temp_directory_path() / ("loom-etcd-" + std::to_string(getpid()));
+  explicit EtcdServer(bool tls = false) {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("loom-etcd-" + std::to_string(getpid()) + (tls ? "-tls" : ""));
     std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_ / "certs");
+    const std::string certs = (dir_ / "certs").string();
+    if (tls) {
+      make_certificates(certs);
+      tls_ = {certs + "/ca.crt", certs + "/client.crt", certs + "/client.key"};
+    }
     const int port = free_port();
-    url_ = "http://127.0.0.1:" + std::to_string(port);
+    url_ = std::string(tls ? "https" : "http") + "://127.0.0.1:" + std::to_string(port);
     const std::string peer = "http://127.0.0.1:" + std::to_string(port + 1);
+    const std::string data = (dir_ / "data").string(), log = (dir_ / "etcd.log").string();
+    std::vector<std::string> args = {"etcd",
+                                     "--data-dir",
+                                     data,
+                                     "--listen-client-urls",
+                                     url_,
+                                     "--advertise-client-urls",
+                                     url_,
+                                     "--listen-peer-urls",
+                                     peer,
+                                     "--initial-advertise-peer-urls",
+                                     peer,
+                                     "--initial-cluster",
+                                     "default=" + peer};
+    if (tls)
+      for (std::string a :
+           {"--cert-file", "server.crt", "--key-file", "server.key", "--trusted-ca-file", "ca.crt"})
+        args.push_back(a.starts_with("--") ? a : certs + "/" + a);
+    if (tls) args.push_back("--client-cert-auth");
     pid_ = fork();
     if (pid_ == 0) {
-      freopen((dir_.string() + ".log").c_str(), "w", stderr);
-      execlp("etcd", "etcd", "--data-dir", dir_.c_str(), "--listen-client-urls", url_.c_str(),
-             "--advertise-client-urls", url_.c_str(), "--listen-peer-urls", peer.c_str(),
-             "--initial-advertise-peer-urls", peer.c_str(), "--initial-cluster",
-             ("default=" + peer).c_str(), static_cast<char*>(nullptr));
+      if (!freopen(log.c_str(), "w", stderr)) _exit(126);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execvp("etcd", argv.data());
       _exit(127);
     }
-    Etcd probe(url_, {}, 1);
+    Etcd probe(url_, tls_, 1);
     for (int i = 0; i < 200; ++i) {
       try {
         probe.get("probe");
@@ -53,23 +105,24 @@ class EtcdServer {
           throw std::runtime_error(
               "etcd exited at start (is Debian's etcd-server installed? "
               "scripts/setup.sh installs it); see " +
-              dir_.string() + ".log");
+              log);
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
     }
-    throw std::runtime_error("etcd did not answer at " + url_ + " within 20 s");
+    throw std::runtime_error("etcd did not answer at " + url_ + " within 20 s; see " + log);
   }
   ~EtcdServer() {
     kill(pid_, SIGTERM);
     waitpid(pid_, nullptr, 0);
     std::filesystem::remove_all(dir_);
-    std::filesystem::remove(dir_.string() + ".log");
   }
   const std::string& url() const { return url_; }
+  const EtcdTls& tls() const { return tls_; }
 
  private:
   std::filesystem::path dir_;
   std::string url_;
+  EtcdTls tls_;
   pid_t pid_ = -1;
 };
 
@@ -170,6 +223,20 @@ TEST(Etcd, UnreachableEndpointAndBadUrl) {
         << err.what();
   }
   EXPECT_THROW(Etcd("127.0.0.1:2379"), UserError);
+}
+
+// https with client certificates (etcd --client-cert-auth): the client with the CA and its
+// certificate works; without its certificate, or without the CA, it is refused.
+TEST(Etcd, TlsWithClientCertificates) {
+  EtcdServer tls_server(/*tls=*/true);
+  Etcd e(tls_server.url(), tls_server.tls());
+  e.put("tls/k", "v");
+  EXPECT_EQ(e.get("tls/k")->value, "v");
+  EtcdTls no_cert{tls_server.tls().ca_file, "", ""};
+  EXPECT_THROW(Etcd(tls_server.url(), no_cert, 5).get("tls/k"), PeerError);
+  EtcdTls no_ca{"", tls_server.tls().cert_file, tls_server.tls().key_file};
+  EXPECT_THROW(Etcd(tls_server.url(), no_ca, 5).get("tls/k"), PeerError);
+  EXPECT_THROW(Etcd("http" + tls_server.url().substr(5), {}, 5).get("tls/k"), PeerError);
 }
 
 TEST(Etcd, PrefixEnd) {
