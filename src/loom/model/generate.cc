@@ -54,14 +54,8 @@ int draw_token(const float* logits, int V, const SampleOptions& o, std::mt19937_
   return idx[d(rng)];
 }
 
-namespace {
-// A block's tensors, in the order of the model's layout (gpt.h).
-const char* const kBlockTensors[] = {"ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-                                     "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw",  "fcprojb"};
-enum { kLn1w, kLn1b, kQkvw, kQkvb, kProjw, kProjb, kLn2w, kLn2b, kFcw, kFcb, kFcProjw, kFcProjb };
-}  // namespace
-
-KvDecoder::KvDecoder(Gpt& model, int batch, bool bf16_weights) : cfg_(model.config()) {
+KvDecoder::KvDecoder(const Gpt& model, int batch, bool bf16_weights)
+    : cfg_(model.config()), model_(model) {
   LOOM_CHECK(model.split().size == 1);
   LOOM_CHECK(batch >= 1);
   len_.assign(batch, 0);
@@ -75,20 +69,8 @@ KvDecoder::KvDecoder(Gpt& model, int batch, bool bf16_weights) : cfg_(model.conf
   gelu_.resize(rows * 4 * C);
   mean_.resize(rows);
   rstd_.resize(rows);
-  auto param = [&](const std::string& name) -> const float* {
-    for (const auto& t : model.tensors())
-      if (t.name == name) return model.params() + t.offset;
-    throw InternalError("no parameter tensor " + name);
-  };
-  wte_ = param("wte"), wpe_ = param("wpe"), lnfw_ = param("lnfw"), lnfb_ = param("lnfb");
-  for (int l = 0; l < cfg_.n_layer; ++l)
-    for (const char* name : kBlockTensors) {
-      std::string full = "h";  // (one += at a time: GCC 12 warns on "h" + ... + name)
-      full += std::to_string(l);
-      full += '.';
-      full += name;
-      block_.push_back(param(full));
-    }
+  wte_ = model.param("wte"), wpe_ = model.param("wpe");
+  lnfw_ = model.param("lnfw"), lnfb_ = model.param("lnfb");
   if (!bf16_weights) return;
   auto copy = [&](const float* w, size_t n) {
     auto& h = bf16_[w];
@@ -98,9 +80,10 @@ KvDecoder::KvDecoder(Gpt& model, int batch, bool bf16_weights) : cfg_(model.conf
   };
   copy(wte_, static_cast<size_t>(cfg_.padded_vocab_size) * C);
   for (int l = 0; l < cfg_.n_layer; ++l) {
-    const float* const* w = &block_[l * std::size(kBlockTensors)];
-    copy(w[kQkvw], 3 * C * C), copy(w[kProjw], C * C), copy(w[kFcw], 4 * C * C),
-        copy(w[kFcProjw], 4 * C * C);
+    copy(model.block_param(l, Gpt::kQkvw), 3 * C * C);
+    copy(model.block_param(l, Gpt::kProjw), C * C);
+    copy(model.block_param(l, Gpt::kFcw), 4 * C * C);
+    copy(model.block_param(l, Gpt::kFcProjw), 4 * C * C);
   }
 }
 
@@ -156,10 +139,10 @@ const float* KvDecoder::forward(int R, const int* seq, const int* pos, const int
     for (int c = 0; c < C; ++c) x[c] = te[c] + pe[c];
   }
   for (int l = 0; l < cfg_.n_layer; ++l) {
-    const float* const* w = &block_[l * std::size(kBlockTensors)];
-    k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w[kLn1w], w[kLn1b], R,
-                         C);
-    linear(qkv_.data(), ln_.data(), w[kQkvw], w[kQkvb], R, C, 3 * C);
+    auto w = [&](Gpt::BlockTensor t) { return model_.block_param(l, t); };
+    k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w(Gpt::kLn1w),
+                         w(Gpt::kLn1b), R, C);
+    linear(qkv_.data(), ln_.data(), w(Gpt::kQkvw), w(Gpt::kQkvb), R, C, 3 * C);
     // The rows' keys and values join the cache: (R,3C) -> (batch, NH, ctx, hs).
     float *kc = k_[l].data(), *vc = v_[l].data();
     for (int r = 0; r < R; ++r)
@@ -182,13 +165,13 @@ const float* KvDecoder::forward(int R, const int* seq, const int* pos, const int
       k::attention_decode(atty_.data(), att_.data(), qkv_.data(), kr_.data(), vr_.data(), n_.data(),
                           R, C, NH, ctx);
     }
-    linear(proj_.data(), atty_.data(), w[kProjw], w[kProjb], R, C, C);
+    linear(proj_.data(), atty_.data(), w(Gpt::kProjw), w(Gpt::kProjb), R, C, C);
     k::residual_forward(x_.data(), x_.data(), proj_.data(), rc);
-    k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w[kLn2w], w[kLn2b], R,
-                         C);
-    linear(fch_.data(), ln_.data(), w[kFcw], w[kFcb], R, C, 4 * C);
+    k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w(Gpt::kLn2w),
+                         w(Gpt::kLn2b), R, C);
+    linear(fch_.data(), ln_.data(), w(Gpt::kFcw), w(Gpt::kFcb), R, C, 4 * C);
     k::gelu_forward(gelu_.data(), fch_.data(), rc * 4);
-    linear(proj_.data(), gelu_.data(), w[kFcProjw], w[kFcProjb], R, 4 * C, C);
+    linear(proj_.data(), gelu_.data(), w(Gpt::kFcProjw), w(Gpt::kFcProjb), R, 4 * C, C);
     k::residual_forward(x_.data(), x_.data(), proj_.data(), rc);
   }
   // The final norm and the tied head on the rows whose logits are wanted.

@@ -42,7 +42,7 @@ class KvDecoder {
  public:
   // The model must be whole (no tensor split) and own its parameters; it is only read.
   // With bf16_weights, few-row products read bf16 copies of the matrices made here.
-  KvDecoder(Gpt& model, int batch, bool bf16_weights = false);
+  KvDecoder(const Gpt& model, int batch, bool bf16_weights = false);
   int batch() const { return static_cast<int>(len_.size()); }
   int capacity() const { return cfg_.block_size; }
   int length(int b) const { return len_[b]; }  // positions of sequence b in the cache
@@ -63,10 +63,8 @@ class KvDecoder {
   static constexpr int kFewRows = 16;
 
   GptConfig cfg_;
-  // The model's parameters: wte (Vp,C), wpe (block_size,C), the final norm's, and each
-  // block's 12 tensors in the layout's order (gpt.h).
-  const float *wte_, *wpe_, *lnfw_, *lnfb_;
-  std::vector<const float*> block_;
+  const Gpt& model_;
+  const float *wte_, *wpe_, *lnfw_, *lnfb_;  // (Vp,C), (block_size,C), the final norm's
   std::unordered_map<const float*, std::unique_ptr<uint16_t[]>> bf16_;  // matrix -> bf16 copy
   kernels::cpu::Gemm gemm_;
   std::vector<int> len_;

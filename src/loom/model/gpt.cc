@@ -12,24 +12,6 @@
 namespace loom::model {
 namespace k = kernels::cpu;
 
-namespace {
-enum BlockTensor {
-  kLn1w,
-  kLn1b,
-  kQkvw,
-  kQkvb,
-  kProjw,
-  kProjb,
-  kLn2w,
-  kLn2b,
-  kFcw,
-  kFcb,
-  kFcProjw,
-  kFcProjb,
-  kCount
-};
-}
-
 GptConfig GptConfig::named(const std::string& name) {
   GptConfig c;
   c.name = name;
@@ -138,16 +120,16 @@ Gpt::Gpt(GptConfig cfg, bool own_storage, TensorSplit split, bool with_grads)
   add("wte", {Vp, C}, 0, 0, true);
   add("wpe", {cfg_.block_size, C}, -1, 0, true);
   units_[0].second = at;
-  const Shape shapes[kCount] = {{C}, {C}, {3, C, C},  {3, C},  {C, C},     {C},
-                                {C}, {C}, {4 * C, C}, {4 * C}, {C, 4 * C}, {C}};
-  const int split_dim[kCount] = {-1, -1, 1, 1, 1, -1, -1, -1, 0, 0, 1, -1};
-  const char* names[kCount] = {"ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-                               "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw",  "fcprojb"};
-  const bool decay[kCount] = {false, false, true, false, true, false,
-                              false, false, true, false, true, false};
+  const Shape shapes[kBlockTensors] = {{C}, {C}, {3, C, C},  {3, C},  {C, C},     {C},
+                                       {C}, {C}, {4 * C, C}, {4 * C}, {C, 4 * C}, {C}};
+  const int split_dim[kBlockTensors] = {-1, -1, 1, 1, 1, -1, -1, -1, 0, 0, 1, -1};
+  const char* names[kBlockTensors] = {"ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+                                      "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw",  "fcprojb"};
+  const bool decay[kBlockTensors] = {false, false, true, false, true, false,
+                                     false, false, true, false, true, false};
   for (int64_t l = 0; l < L; ++l) {
     units_.push_back({at, 0});
-    for (int i = 0; i < kCount; ++i) {
+    for (int i = 0; i < kBlockTensors; ++i) {
       if (l == 0) block_offsets_.push_back(at - units_.back().first);
       add("h" + std::to_string(l) + "." + names[i], shapes[i], split_dim[i],
           static_cast<int>(l) + 1, decay[i]);
@@ -168,6 +150,12 @@ Gpt::Gpt(GptConfig cfg, bool own_storage, TensorSplit split, bool with_grads)
       bind_unit(u, params_.data() + units_[u].first,
                 with_grads ? grads_.data() + units_[u].first : nullptr);
   }
+}
+
+const float* Gpt::param(const std::string& name) const {
+  for (const Tensor& t : tensors_)
+    if (t.name == name) return unit_params_[t.unit] + (t.offset - units_[t.unit].first);
+  throw InternalError("no parameter tensor " + name);
 }
 
 void Gpt::bind_unit(int u, float* params, float* grads) {

@@ -156,6 +156,28 @@ class Gpt {
   int num_units() const { return static_cast<int>(units_.size()); }
   // Points unit u at params/grads holding its slice (unit_range(u) sizes).
   void bind_unit(int u, float* params, float* grads);
+  // A block's 12 tensors, in the order of its slice of the flat layout (above).
+  enum BlockTensor {
+    kLn1w,
+    kLn1b,
+    kQkvw,
+    kQkvb,
+    kProjw,
+    kProjb,
+    kLn2w,
+    kLn2b,
+    kFcw,
+    kFcb,
+    kFcProjw,
+    kFcProjb,
+    kBlockTensors
+  };
+  // This rank's part of block l's tensor t, and of the tensor named `name` (tensors()), in
+  // the unit buffers bound now.
+  const float* block_param(int l, BlockTensor t) const {
+    return unit_params_[l + 1] + block_offsets_[t];
+  }
+  const float* param(const std::string& name) const;
   void set_hooks(UnitHooks* hooks) { hooks_ = hooks; }
   // Recompute policy: 0 keeps every block's activations, k >= 1 recomputes blocks
   // 0, k, 2k, ... (1 = all).
