@@ -343,7 +343,6 @@ int run_launcher(const BenchArgs& a) {
   lo.nprocs = a.np;
   lo.argv = {launch::self_exe(), "bench"};
   lo.argv.insert(lo.argv.end(), a.forwarded.begin(), a.forwarded.end());
-  lo.env["LOOM_BENCH_LAUNCHED"] = "1";
   lo.timeout_seconds = a.job_timeout;
   launch::LaunchResult res = launch::run_local(lo);
   if (a.json != "-") std::printf("# core-to-core flag latency after: %.0f ns\n", flag_latency_ns());

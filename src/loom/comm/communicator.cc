@@ -1,6 +1,5 @@
 #include "loom/comm/communicator.h"
 
-#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 

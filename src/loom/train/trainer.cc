@@ -11,7 +11,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <thread>
 
 #include "loom/ckpt/checkpoint.h"
 #include "loom/comm/bootstrap.h"
@@ -602,12 +601,13 @@ int Trainer::run() {
   // Everything that can be wrong with the input is checked here, on every rank, before
   // any rank connects or writes.
   plan_layout();
-  const int threads = cfg_.threads > 0 ? static_cast<int>(cfg_.threads)
-                                       : std::max(1, cpus_available() / launch_.local_size);
+  const int cpus = cpus_available();
+  const int threads =
+      cfg_.threads > 0 ? static_cast<int>(cfg_.threads) : std::max(1, cpus / launch_.local_size);
   omp_set_num_threads(threads);
   const std::string threads_why =
       cfg_.threads > 0 ? " (train.threads)"
-                       : " (" + std::to_string(cpus_available()) + " CPUs this process may use / " +
+                       : " (" + std::to_string(cpus) + " CPUs this process may use / " +
                              std::to_string(launch_.local_size) + " rank(s) on this machine)";
   model_ = std::make_unique<model::Gpt>(
       model_cfg_, /*own_storage=*/false,
