@@ -61,6 +61,18 @@ struct Post {
   Post& operator=(const Post&) = delete;
 };
 
+// A transfer that failed (no connection, TLS refused, deadline): where = "etcd at URL: PATH".
+PeerError transfer_failed(const std::string& where, const Post& post, CURLcode rc) {
+  return PeerError(PeerError::Kind::kClosed,
+                   where + " failed: " + (post.err[0] ? post.err.c_str() : curl_easy_strerror(rc)));
+}
+
+json put_request(const std::string& key, const std::string& value, int64_t lease) {
+  json put = {{"key", b64(key)}, {"value", b64(value)}};
+  if (lease) put["lease"] = std::to_string(lease);
+  return put;
+}
+
 size_t append(char* data, size_t size, size_t n, void* out) {
   static_cast<std::string*>(out)->append(data, size * n);
   return size * n;
@@ -93,10 +105,7 @@ json Etcd::call(const std::string& path, const json& body) {
   curl_easy_setopt(post.h, CURLOPT_WRITEFUNCTION, append);
   curl_easy_setopt(post.h, CURLOPT_WRITEDATA, &response);
   const CURLcode rc = curl_easy_perform(post.h);
-  if (rc != CURLE_OK)
-    throw PeerError(PeerError::Kind::kClosed,
-                    "etcd at " + endpoint_ + ": " + path +
-                        " failed: " + (post.err[0] ? post.err.c_str() : curl_easy_strerror(rc)));
+  if (rc != CURLE_OK) throw transfer_failed("etcd at " + endpoint_ + ": " + path, post, rc);
   long status = 0;
   curl_easy_getinfo(post.h, CURLINFO_RESPONSE_CODE, &status);
   json j = json::parse(response, nullptr, /*allow_exceptions=*/false);
@@ -110,9 +119,7 @@ json Etcd::call(const std::string& path, const json& body) {
 }
 
 void Etcd::put(const std::string& key, const std::string& value, int64_t lease) {
-  json body = {{"key", b64(key)}, {"value", b64(value)}};
-  if (lease) body["lease"] = std::to_string(lease);
-  call("/v3/kv/put", body);
+  call("/v3/kv/put", put_request(key, value, lease));
 }
 
 std::optional<EtcdKv> Etcd::get(const std::string& key) {
@@ -131,8 +138,7 @@ std::vector<EtcdKv> Etcd::get_prefix(const std::string& prefix, int64_t* revisio
 }
 
 bool Etcd::create(const std::string& key, const std::string& value, int64_t lease) {
-  json put = {{"key", b64(key)}, {"value", b64(value)}};
-  if (lease) put["lease"] = std::to_string(lease);
+  const json put = put_request(key, value, lease);
   const json j = call(
       "/v3/kv/txn",
       {{"compare",
@@ -147,7 +153,7 @@ bool Etcd::compare_and_swap(const std::string& key, const std::string& expected,
       "/v3/kv/txn",
       {{"compare",
         {{{"target", "VALUE"}, {"key", b64(key)}, {"value", b64(expected)}, {"result", "EQUAL"}}}},
-       {"success", {{{"request_put", {{"key", b64(key)}, {"value", b64(value)}}}}}}});
+       {"success", {{{"request_put", put_request(key, value, 0)}}}}});
   return j.value("succeeded", false);
 }
 
@@ -205,9 +211,7 @@ std::vector<EtcdEvent> Etcd::watch_prefix(const std::string& prefix, int64_t fro
   curl_easy_setopt(post.h, CURLOPT_WRITEDATA, &s);
   const CURLcode rc = curl_easy_perform(post.h);
   if (rc != CURLE_OK && rc != CURLE_WRITE_ERROR && rc != CURLE_OPERATION_TIMEDOUT)
-    throw PeerError(PeerError::Kind::kClosed,
-                    "etcd at " + endpoint_ + ": /v3/watch failed: " +
-                        (post.err[0] ? post.err.c_str() : curl_easy_strerror(rc)));
+    throw transfer_failed("etcd at " + endpoint_ + ": /v3/watch", post, rc);
   return s.events;
 }
 
