@@ -40,6 +40,25 @@ std::vector<int> prompt(int n, int salt) {
   return p;
 }
 
+SampleOptions greedy() {
+  SampleOptions o;
+  o.temperature = 0;
+  return o;
+}
+
+// Two rows of Vp logits: the largest |want| and the largest |got - want|.
+struct Gap {
+  float scale = 0, err = 0;
+};
+Gap gap(const float* got, const float* want, int Vp) {
+  Gap g;
+  for (int v = 0; v < Vp; ++v) {
+    g.scale = std::max(g.scale, std::fabs(want[v]));
+    g.err = std::max(g.err, std::fabs(got[v] - want[v]));
+  }
+  return g;
+}
+
 // The logits after each prefix of `seq` (from `from` on): the cache's, token by token, and
 // the full forward's, must agree.
 TEST(Generate, CacheLogitsMatchFullForward) {
@@ -51,13 +70,9 @@ TEST(Generate, CacheLogitsMatchFullForward) {
   for (int t = 20;; ++t) {
     m.forward(seq.data(), nullptr, 1, t);
     const float* want = m.logits() + static_cast<size_t>(t - 1) * Vp;
-    float scale = 0, err = 0;
-    for (int v = 0; v < Vp; ++v) {
-      scale = std::max(scale, std::fabs(want[v]));
-      err = std::max(err, std::fabs(got[v] - want[v]));
-    }
-    ASSERT_GT(scale, 1.0f);
-    ASSERT_LE(err, 1e-4f * scale) << "after " << t << " tokens";
+    const Gap g = gap(got, want, Vp);
+    ASSERT_GT(g.scale, 1.0f);
+    ASSERT_LE(g.err, 1e-4f * g.scale) << "after " << t << " tokens";
     if (t == static_cast<int>(seq.size())) break;
     got = dec.step({0}, &seq[t]);
   }
@@ -80,13 +95,9 @@ TEST(Generate, Bf16WeightsStayCloseToFp32) {
     const float* a = f32.step({0}, &seq[t]);
     const std::vector<float> want(a, a + Vp);
     const float* got = bf16.step({0}, &seq[t]);
-    float scale = 0, err = 0;
-    for (int v = 0; v < Vp; ++v) {
-      scale = std::max(scale, std::fabs(want[v]));
-      err = std::max(err, std::fabs(got[v] - want[v]));
-    }
-    worst = std::max(worst, err / scale);
-    moved = std::max(moved, err);
+    const Gap g = gap(got, want.data(), Vp);
+    worst = std::max(worst, g.err / g.scale);
+    moved = std::max(moved, g.err);
   }
   std::printf("bf16 weights: logits within %.2e of the largest fp32 logit\n", worst);
   EXPECT_LT(worst, 1e-2f);
@@ -94,11 +105,9 @@ TEST(Generate, Bf16WeightsStayCloseToFp32) {
 }
 
 TEST(Generate, GreedyTokensEqualFullWindow) {
-  SampleOptions greedy;
-  greedy.temperature = 0;
   const std::vector<std::vector<int>> prompts = {prompt(40, 2)};
-  const auto want = generate(model(), prompts, 64, greedy, false, kEot);
-  const auto got = generate(model(), prompts, 64, greedy, true, kEot);
+  const auto want = generate(model(), prompts, 64, greedy(), false, kEot);
+  const auto got = generate(model(), prompts, 64, greedy(), true, kEot);
   ASSERT_EQ(want[0].size(), 64u);
   EXPECT_EQ(got, want);
   // Not a fixed point: the model must produce varied text for this to test positions.
@@ -109,12 +118,10 @@ TEST(Generate, GreedyTokensEqualFullWindow) {
 
 // A batch of prompts of different lengths gives each prompt the tokens it gets alone.
 TEST(Generate, BatchOfPromptsEqualsEachAlone) {
-  SampleOptions greedy;
-  greedy.temperature = 0;
   const std::vector<std::vector<int>> prompts = {prompt(5, 3), prompt(37, 4), prompt(1, 5)};
-  const auto batch = generate(model(), prompts, 48, greedy, true, kEot);
+  const auto batch = generate(model(), prompts, 48, greedy(), true, kEot);
   for (size_t b = 0; b < prompts.size(); ++b) {
-    const auto alone = generate(model(), {prompts[b]}, 48, greedy, false, kEot);
+    const auto alone = generate(model(), {prompts[b]}, 48, greedy(), false, kEot);
     EXPECT_EQ(batch[b], alone[0]) << "prompt " << b;
   }
 }
@@ -122,19 +129,17 @@ TEST(Generate, BatchOfPromptsEqualsEachAlone) {
 // Past the window: inside it the tokens equal full-window generation; after, the cache
 // restarts from the last half window and generation goes on to the requested length.
 TEST(Generate, PastTheWindow) {
-  SampleOptions greedy;
-  greedy.temperature = 0;
   const std::vector<std::vector<int>> prompts = {prompt(100, 6)};
-  const auto full = generate(model(), prompts, 28, greedy, false, kEot);
-  const auto got = generate(model(), prompts, 300, greedy, true, kEot);
+  const auto full = generate(model(), prompts, 28, greedy(), false, kEot);
+  const auto got = generate(model(), prompts, 300, greedy(), true, kEot);
   ASSERT_EQ(got[0].size(), 300u);
   EXPECT_TRUE(std::equal(full[0].begin(), full[0].end(), got[0].begin()));
   // A prompt longer than the window: both read its last 128 tokens for the first token;
   // then the cache, full, restarts from the last 64.
   const std::vector<std::vector<int>> longer = {prompt(300, 7)};
-  const auto restarted = generate(model(), longer, 20, greedy, true, kEot);
+  const auto restarted = generate(model(), longer, 20, greedy(), true, kEot);
   ASSERT_EQ(restarted[0].size(), 20u);
-  EXPECT_EQ(restarted[0][0], generate(model(), longer, 1, greedy, false, kEot)[0][0]);
+  EXPECT_EQ(restarted[0][0], generate(model(), longer, 1, greedy(), false, kEot)[0][0]);
 }
 
 TEST(Generate, SamplingIsDeterministicForASeed) {
