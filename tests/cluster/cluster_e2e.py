@@ -38,17 +38,18 @@ def start_job(argv, logs, bad_token_rank=-1, timeout_s=60):
     (rank order)."""
     token = secrets.token_hex(16)
     world = MACHINES * PER_MACHINE
+    store = "LOOM_STORE=tcp://%s:%d" % (addr(0), PORT)  # rank 0 hosts it on machine 0
     procs = []
     for rank in range(world):
         m, local = divmod(rank, PER_MACHINE)
         env = ["LOOM_RANK=%d" % rank, "LOOM_WORLD_SIZE=%d" % world,
                "LOOM_LOCAL_RANK=%d" % local, "LOOM_LOCAL_WORLD_SIZE=%d" % PER_MACHINE,
-               "LOOM_STORE=tcp://%s:%d" % (addr(0), PORT),
+               store,
                "LOOM_JOB_TOKEN=" + (secrets.token_hex(16) if rank == bad_token_rank else token),
                "LOOM_TIMEOUT_S=%d" % timeout_s]
-        log = open(os.path.join(logs, "rank%d.log" % rank), "w")
-        procs.append(subprocess.Popen(["bash", CLUSTER, "exec", str(m), "env", *env, *argv],
-                                      stdout=log, stderr=subprocess.STDOUT))
+        with open(os.path.join(logs, "rank%d.log" % rank), "w") as log:  # the child keeps it
+            procs.append(subprocess.Popen(["bash", CLUSTER, "exec", str(m), "env", *env, *argv],
+                                          stdout=log, stderr=subprocess.STDOUT))
     return procs
 
 
