@@ -2,6 +2,8 @@
 // and a hint and exit 2, peer failures exit 3, anything else is a bug and exits 1.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstring>
+#include <vector>
 
 #include "bench.h"
 #include "loom/core/error.h"
@@ -23,8 +25,18 @@ int main(int argc, char** argv) {
   auto run = loom::apps::add_run_command(app);
   auto report = loom::apps::add_report_command(app);
   auto plan = loom::apps::add_plan_command(app);
+  // `loom run [options] -- COMMAND...` as torchrun and srun users type it: the first `--`
+  // after `run` ends its options; CLI11's prefix command stops at COMMAND's first word
+  // already, and would refuse the words after a `--` as unexpected.
+  std::vector<char*> args(argv, argv + argc);
+  if (argc > 1 && std::strcmp(argv[1], "run") == 0)
+    for (auto it = args.begin() + 2; it != args.end(); ++it)
+      if (std::strcmp(*it, "--") == 0) {
+        args.erase(it);
+        break;
+      }
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

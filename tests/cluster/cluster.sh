@@ -11,6 +11,9 @@
 #                              with tbf (this kernel has no netem: no delay or loss here)
 #   cluster.sh exec I CMD...   run CMD on machine I (its network, mounts, IPC)
 #   cluster.sh addr I          machine I's address
+#   cluster.sh kill I          SIGKILL everything running on machine I (a crash: the
+#                              machine itself stays, and `exec` can start on it again)
+#   cluster.sh cut I           cut machine I's link (both ends down): it is alive, unreachable
 #   cluster.sh down            stop everything started inside, remove it all (idempotent)
 set -euo pipefail
 STATE=/run/loom-cluster
@@ -81,10 +84,19 @@ case "${1:-}" in
   up) shift; up "$@" ;;
   down) down ;;
   addr) addr "$2" ;;
+  cut)
+    holder "$2" > /dev/null
+    ip -n "$PREFIX-$2" link set eth0 down
+    ip -n "$SWITCH" link set "p$2" down
+    ;;
+  kill)
+    pid=$(holder "$2")
+    for p in $(ip netns pids "$PREFIX-$2"); do [ "$p" = "$pid" ] || kill -9 "$p" 2> /dev/null || true; done
+    ;;
   exec)
     i=$2; shift 2
     pid=$(holder "$i")
     exec nsenter -t "$pid" --net --mount --ipc --wd="$PWD" env LOOM_HOST_ID="$PREFIX-$i" "$@"
     ;;
-  *) die "usage: cluster.sh up N [RATE] | exec I CMD... | addr I | down" ;;
+  *) die "usage: cluster.sh up N [RATE] | exec I CMD... | addr I | kill I | cut I | down" ;;
 esac

@@ -6,125 +6,17 @@
 #include "loom/launch/etcd.h"
 
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <thread>
 #include <vector>
 
 #include "loom/core/error.h"
+#include "support/etcd_server.h"
 
 namespace loom::launch {
 namespace {
-
-int free_port() {
-  static int next = 23790 + static_cast<int>(getpid() % 1000) * 2;
-  return next += 2;
-}
-
-// Certificates for a TLS etcd, made with the openssl command: a CA, a server certificate
-// for 127.0.0.1 and a client certificate, all signed by the CA.
-void make_certificates(const std::string& dir) {
-  const std::string script =
-      "set -e; cd '" + dir +
-      "'\n"
-      "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 "
-      "-subj /CN=loom-test-ca\n"
-      "for who in server client; do\n"
-      "  openssl req -newkey rsa:2048 -nodes -keyout $who.key -out $who.csr -subj /CN=$who\n"
-      "  if [ $who = server ]; then echo subjectAltName=IP:127.0.0.1 > $who.ext;\n"
-      "  else echo extendedKeyUsage=clientAuth > $who.ext; fi\n"
-      "  openssl x509 -req -in $who.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 "
-      "-extfile $who.ext -out $who.crt\n"
-      "done\n";
-  const std::string file = dir + "/make.sh";
-  std::ofstream(file) << script;
-  if (std::system(("bash " + file + " > " + dir + "/make.log 2>&1").c_str()) != 0)
-    throw std::runtime_error("openssl could not make the test certificates: see " + dir +
-                             "/make.log");
-}
-
-// A real etcd, on loopback ports, its data and certificates in a scratch folder; with tls,
-// https only and client certificates required.
-class EtcdServer {
- public:
-  explicit EtcdServer(bool tls = false) {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("loom-etcd-" + std::to_string(getpid()) + (tls ? "-tls" : ""));
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_ / "certs");
-    const std::string certs = (dir_ / "certs").string();
-    if (tls) {
-      make_certificates(certs);
-      tls_ = {certs + "/ca.crt", certs + "/client.crt", certs + "/client.key"};
-    }
-    const int port = free_port();
-    url_ = std::string(tls ? "https" : "http") + "://127.0.0.1:" + std::to_string(port);
-    const std::string peer = "http://127.0.0.1:" + std::to_string(port + 1);
-    const std::string data = (dir_ / "data").string(), log = (dir_ / "etcd.log").string();
-    std::vector<std::string> args = {"etcd",
-                                     "--data-dir",
-                                     data,
-                                     "--listen-client-urls",
-                                     url_,
-                                     "--advertise-client-urls",
-                                     url_,
-                                     "--listen-peer-urls",
-                                     peer,
-                                     "--initial-advertise-peer-urls",
-                                     peer,
-                                     "--initial-cluster",
-                                     "default=" + peer};
-    if (tls)
-      for (std::string a :
-           {"--cert-file", "server.crt", "--key-file", "server.key", "--trusted-ca-file", "ca.crt"})
-        args.push_back(a.starts_with("--") ? a : certs + "/" + a);
-    if (tls) args.push_back("--client-cert-auth");
-    pid_ = fork();
-    if (pid_ == 0) {
-      if (!freopen(log.c_str(), "w", stderr)) _exit(126);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execvp("etcd", argv.data());
-      _exit(127);
-    }
-    Etcd probe(url_, tls_, 1);
-    for (int i = 0; i < 200; ++i) {
-      try {
-        probe.get("probe");
-        return;
-      } catch (const PeerError&) {
-        int status;
-        if (waitpid(pid_, &status, WNOHANG) == pid_)
-          throw std::runtime_error(
-              "etcd exited at start (is Debian's etcd-server installed? "
-              "scripts/setup.sh installs it); see " +
-              log);
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-    }
-    throw std::runtime_error("etcd did not answer at " + url_ + " within 20 s; see " + log);
-  }
-  ~EtcdServer() {
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-    std::filesystem::remove_all(dir_);
-  }
-  const std::string& url() const { return url_; }
-  const EtcdTls& tls() const { return tls_; }
-
- private:
-  std::filesystem::path dir_;
-  std::string url_;
-  EtcdTls tls_;
-  pid_t pid_ = -1;
-};
+using test::EtcdServer;
 
 EtcdServer& server() {
   static EtcdServer s;

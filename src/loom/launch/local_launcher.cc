@@ -98,13 +98,19 @@ int free_port(const std::string& host) {
 }  // namespace
 
 LaunchResult run_local(const LaunchOptions& opts) {
-  std::string token = generate_token();
-  comm::TcpStoreServer store(opts.store_host, 0, token);
-  std::string url = "tcp://" + store.address().str();
-  std::string job_id = "local-" + std::to_string(::getpid()) + "-" + token.substr(0, 8);
-
+  std::string token = opts.token, url = opts.store_url, job_id = opts.job_id;
+  std::optional<comm::TcpStoreServer> store;
+  if (url.empty()) {
+    token = generate_token();
+    store.emplace(opts.store_host, 0, token);
+    url = "tcp://" + store->address().str();
+    job_id = "local-" + std::to_string(::getpid()) + "-" + token.substr(0, 8);
+  }
+  const int world = opts.world_size > 0 ? opts.world_size : opts.nprocs;
   // torch's rank 0 hosts its own store: give it a port that is free now.
-  const int torch_port = opts.torch_env ? free_port(opts.store_host) : 0;
+  std::string torch_master = opts.torch_master;
+  if (opts.torch_env && torch_master.empty())
+    torch_master = opts.store_host + ":" + std::to_string(free_port(opts.store_host));
   std::vector<pid_t> pids(opts.nprocs, 0);
   std::vector<OutputStream> streams;  // prefix_output: the read ends of the ranks' pipes
   LaunchResult result;
@@ -117,8 +123,9 @@ LaunchResult run_local(const LaunchOptions& opts) {
       if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
     for (const auto& [k, v] : opts.env) vars[k] = v;
-    vars["LOOM_RANK"] = std::to_string(r);
-    vars["LOOM_WORLD_SIZE"] = std::to_string(opts.nprocs);
+    const int rank = opts.rank_offset + r;
+    vars["LOOM_RANK"] = std::to_string(rank);
+    vars["LOOM_WORLD_SIZE"] = std::to_string(world);
     vars["LOOM_LOCAL_RANK"] = std::to_string(r);
     vars["LOOM_LOCAL_WORLD_SIZE"] = std::to_string(opts.nprocs);
     vars["LOOM_STORE"] = url;
@@ -127,10 +134,13 @@ LaunchResult run_local(const LaunchOptions& opts) {
     vars["LOOM_JOB_ID"] = job_id;
     vars["LOOM_LAUNCHER_PID"] = std::to_string(::getpid());  // ranks die with it (bootstrap.cc)
     if (opts.torch_env) {  // what torch.distributed's env:// reads (torchrun's names)
-      vars["RANK"] = vars["LOCAL_RANK"] = std::to_string(r);
-      vars["WORLD_SIZE"] = vars["LOCAL_WORLD_SIZE"] = std::to_string(opts.nprocs);
-      vars.emplace("MASTER_ADDR", opts.store_host);
-      vars.emplace("MASTER_PORT", std::to_string(torch_port));
+      vars["RANK"] = std::to_string(rank);
+      vars["LOCAL_RANK"] = std::to_string(r);
+      vars["WORLD_SIZE"] = std::to_string(world);
+      vars["LOCAL_WORLD_SIZE"] = std::to_string(opts.nprocs);
+      const size_t colon = torch_master.rfind(':');
+      vars.emplace("MASTER_ADDR", torch_master.substr(0, colon));
+      vars.emplace("MASTER_PORT", torch_master.substr(colon + 1));
     }
     std::vector<std::string> env_strings;
     for (const auto& [k, v] : vars) env_strings.push_back(k + "=" + v);
@@ -143,7 +153,7 @@ LaunchResult run_local(const LaunchOptions& opts) {
     pid_t pid;
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
-    std::string log_path = opts.log_dir + "/rank" + std::to_string(r) + ".log";
+    std::string log_path = opts.log_dir + "/rank" + std::to_string(rank) + ".log";
     int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
     if (!opts.log_dir.empty()) {
       posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
@@ -160,8 +170,8 @@ LaunchResult run_local(const LaunchOptions& opts) {
     if (out_pipe[0] >= 0) {
       ::close(out_pipe[1]);
       ::close(err_pipe[1]);
-      streams.push_back({r, out_pipe[0], stdout, {}});
-      streams.push_back({r, err_pipe[0], stderr, {}});
+      streams.push_back({rank, out_pipe[0], stdout, {}});
+      streams.push_back({rank, err_pipe[0], stderr, {}});
     }
     if (rc != 0) {
       for (int q = 0; q < r; ++q) ::kill(pids[q], SIGKILL);
@@ -170,7 +180,7 @@ LaunchResult run_local(const LaunchOptions& opts) {
                       "check the program path");
     }
     pids[r] = pid;
-    result.ranks[r].rank = r;
+    result.ranks[r].rank = rank;
     result.ranks[r].pid = pid;
   }
 
@@ -238,6 +248,10 @@ LaunchResult run_local(const LaunchOptions& opts) {
         for (int q = 0; q < opts.nprocs; ++q)
           if (!done[q]) ::kill(pids[q], sig);
       }
+    }
+    if (opts.stop && opts.stop->load() && !tearing_down) {
+      result.stopped = true;
+      teardown();
     }
     pump_output(streams, 5);
   }

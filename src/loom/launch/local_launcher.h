@@ -47,6 +47,16 @@ struct LaunchOptions {
   // A rank that exits with code 2 (bad input) stops the job only after this long, so the
   // other ranks can report the same error themselves.
   double input_error_grace_seconds = 3;
+  // Part of a job across machines (`loom run --rdzv`): this machine's ranks are the global
+  // ranks rank_offset .. rank_offset + nprocs - 1 of world_size, the job's store is
+  // store_url (hosted by node 0's launcher) and token / job_id are the job's; torch's
+  // MASTER_ADDR:MASTER_PORT is torch_master. Empty store_url: a job of this machine alone,
+  // around a store and token of its own.
+  int rank_offset = 0, world_size = 0;
+  std::string store_url, token, job_id, torch_master;
+  // When the pointed-to value becomes true the job is torn down at once (SIGTERM, SIGKILL
+  // after grace_seconds): a machine of the job was lost (result.stopped).
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct LaunchResult {
@@ -54,7 +64,8 @@ struct LaunchResult {
   int first_failure = -1;  // rank that failed first, or -1
   bool timed_out = false;
   int forwarded_signal = 0;  // the signal forwarded to the ranks, if any
-  bool ok() const { return first_failure < 0 && !timed_out; }
+  bool stopped = false;      // torn down through LaunchOptions::stop
+  bool ok() const { return first_failure < 0 && !timed_out && !stopped; }
 };
 
 // Runs the job to completion. Throws UserError if the program cannot be started. A program

@@ -1,0 +1,336 @@
+#include "loom/launch/rendezvous.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "loom/comm/net/socket.h"
+#include "loom/core/deadline.h"
+#include "loom/core/error.h"
+#include "loom/core/hmac.h"
+
+namespace loom::launch {
+namespace {
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+json node_json(const NodeInfo& n) {
+  return {{"host", n.host},
+          {"addr", n.addr},
+          {"id", n.id},
+          {"nproc", n.nproc},
+          {"store_port", n.store_port},
+          {"torch_port", n.torch_port}};
+}
+
+NodeInfo node_of(const json& j) {
+  NodeInfo n;
+  n.host = j.at("host").get<std::string>();
+  n.addr = j.at("addr").get<std::string>();
+  n.id = j.at("id").get<std::string>();
+  n.nproc = j.at("nproc").get<int>();
+  n.store_port = j.at("store_port").get<int>();
+  n.torch_port = j.at("torch_port").get<int>();
+  if (n.nproc < 1 || n.host.empty()) throw std::invalid_argument("bad node record");
+  return n;
+}
+
+std::string hex(const Digest& d) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : d) s += digits[b >> 4], s += digits[b & 15];
+  return s;
+}
+
+}  // namespace
+
+int Membership::world_size() const {
+  int n = 0;
+  for (const NodeInfo& node : nodes) n += node.nproc;
+  return n;
+}
+
+int Membership::rank_offset() const {
+  int n = 0;
+  for (int i = 0; i < node_rank; ++i) n += nodes[i].nproc;
+  return n;
+}
+
+std::string Membership::hosts() const {
+  std::string s;
+  for (const NodeInfo& n : nodes) s += (s.empty() ? "" : ", ") + n.host;
+  return s;
+}
+
+// Everything under /loom/JOB/ as one read, its signatures checked.
+struct Rendezvous::State {
+  int64_t round = -1;                                 // -1: the job has no round yet
+  std::vector<std::pair<NodeInfo, int64_t>> members;  // of `round`, with create revisions
+  std::optional<std::vector<NodeInfo>> frozen;
+  std::set<std::string> waiting, done, live_ids;  // hosts; live_ids: launcher ids with keys
+  std::optional<std::string> failed;
+  std::vector<std::string> forged;  // keys whose signature is not this job's token's
+  bool frozen_forged = false;       // the round was frozen by launchers with another token
+};
+
+std::string Rendezvous::sign(const std::string& what) const {
+  return hex(hmac_sha256(opts_.token, what.data(), what.size()));
+}
+
+Rendezvous::Rendezvous(std::string endpoint, EtcdTls tls, RendezvousOptions opts)
+    : etcd_(std::move(endpoint), tls), tls_(std::move(tls)), opts_(std::move(opts)) {
+  if (opts_.min_nodes < 1 || opts_.max_nodes < opts_.min_nodes)
+    throw UserError("--nnodes " + std::to_string(opts_.min_nodes) + ":" +
+                        std::to_string(opts_.max_nodes) + " is not MIN:MAX with 1 <= MIN <= MAX",
+                    "e.g. --nnodes 2:4, or --nnodes 3 for exactly 3 machines");
+  if (opts_.job.empty() || opts_.job.find('/') != std::string::npos)
+    throw UserError("--rdzv-id '" + opts_.job + "' must be a non-empty name without '/'",
+                    "e.g. --rdzv-id gpt-run-7 (the same on every machine of the job)");
+  lease_ = etcd_.grant(opts_.lease_ttl_s);
+  keepalive_ = std::thread([this] { keepalive_loop(); });
+}
+
+Rendezvous::~Rendezvous() {
+  stop_ = true;
+  if (keepalive_.joinable()) keepalive_.join();
+  try {
+    etcd_.revoke(lease_);
+  } catch (const Error&) {  // etcd gone: the lease expires on its own
+  }
+}
+
+void Rendezvous::keepalive_loop() {
+  Etcd etcd(etcd_.endpoint(), tls_, 2);  // its own handle: calls do not share curl state
+  auto last = Clock::now();
+  while (!stop_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (since(last) < opts_.keepalive_s) continue;
+    last = Clock::now();
+    try {
+      if (etcd.keep_alive(lease_) <= 0) lease_lost_ = true;
+    } catch (const Error&) {
+      // etcd unreachable for now; the lease survives until its TTL, then the others treat
+      // this machine as gone (and it learns so at the next successful keep-alive).
+    }
+  }
+}
+
+Rendezvous::State Rendezvous::read(int64_t* revision) {
+  State s;
+  const std::string pre = prefix();
+  std::vector<EtcdKv> kvs = etcd_.get_prefix(pre, revision);
+  for (const EtcdKv& kv : kvs)
+    if (kv.key == pre + "round") s.round = std::stoll(kv.value);
+  const std::string rp = round_prefix(s.round);
+  for (const EtcdKv& kv : kvs) {
+    if (kv.key.rfind(rp, 0) != 0) continue;
+    const std::string rest = kv.key.substr(rp.size());
+    const json j = json::parse(kv.value, nullptr, false);
+    const bool signed_ok = j.is_object() && j.contains("body") && j.contains("sig") &&
+                           j["sig"] == sign(kv.key + "\n" + j["body"].dump());
+    if (!signed_ok) {
+      s.forged.push_back(kv.key);
+      s.frozen_forged |= rest == "frozen";
+      continue;
+    }
+    const json& body = j["body"];
+    try {
+      if (rest.rfind("members/", 0) == 0) {
+        s.members.emplace_back(node_of(body), kv.create_revision);
+        s.live_ids.insert(s.members.back().first.id);
+      } else if (rest == "frozen") {
+        std::vector<NodeInfo> nodes;
+        for (const json& n : body.at("nodes")) nodes.push_back(node_of(n));
+        s.frozen = std::move(nodes);
+      } else if (rest.rfind("waiting/", 0) == 0) {
+        s.waiting.insert(rest.substr(8));
+      } else if (rest.rfind("done/", 0) == 0) {
+        s.done.insert(rest.substr(5));
+      } else if (rest == "failed") {
+        s.failed = body.get<std::string>();
+      }
+    } catch (const std::exception&) {
+      s.forged.push_back(kv.key);
+    }
+  }
+  return s;
+}
+
+Membership Rendezvous::join(const NodeInfo& self) {
+  const auto start = Clock::now();
+  double min_at = -1;  // when this round first had MIN members (seconds after start), or -1
+  std::set<std::string> warned;
+  int64_t joined = -1;  // the round this machine's member key is in
+  auto put_signed = [&](const std::string& key, const json& body, bool create, int64_t lease) {
+    const std::string v = json{{"body", body}, {"sig", sign(key + "\n" + body.dump())}}.dump();
+    if (create) return etcd_.create(key, v, lease);
+    etcd_.put(key, v, lease);
+    return true;
+  };
+  for (;;) {
+    if (lease_lost_.exchange(false)) lease_ = etcd_.grant(opts_.lease_ttl_s), joined = -1;
+    int64_t rev = 0;
+    State s = read(&rev);
+    for (const std::string& k : s.forged)
+      if (warned.insert(k).second)
+        std::fprintf(stderr,
+                     "loom run: ignoring %s in etcd: not signed with this job's token (another "
+                     "job with --rdzv-id %s, or a launcher given another LOOM_JOB_TOKEN?)\n",
+                     k.c_str(), opts_.job.c_str());
+    if (s.round < 0) {  // the first machine of the job
+      etcd_.create(prefix() + "round", "0");
+      continue;
+    }
+    const std::string rp = round_prefix(s.round);
+    if (joined >= 0 && joined != s.round) {  // the round moved on under us
+      etcd_.erase(round_prefix(joined) + "members/" + self.host);
+      joined = -1, min_at = -1;
+    }
+    if (s.failed) {  // a rerun of a failed job starts a new round
+      etcd_.compare_and_swap(prefix() + "round", std::to_string(s.round),
+                             std::to_string(s.round + 1));
+      continue;
+    }
+    if (s.frozen_forged && !s.frozen)
+      throw UserError("round " + std::to_string(s.round) + " of job " + opts_.job +
+                          " in etcd was frozen by launchers with another job token",
+                      "every machine of a job needs the same LOOM_JOB_TOKEN (or --token-file); "
+                      "or another job uses --rdzv-id " +
+                          opts_.job);
+    if (s.frozen) {
+      for (size_t i = 0; i < s.frozen->size(); ++i)
+        if ((*s.frozen)[i].id == self.id) return {s.round, *s.frozen, static_cast<int>(i)};
+      // Frozen without us. If none of its machines is alive (a job that ended or died),
+      // start the next round; else wait to be admitted.
+      bool alive = false;
+      for (const NodeInfo& n : *s.frozen) alive |= s.live_ids.count(n.id) > 0;
+      if (!alive) {
+        etcd_.compare_and_swap(prefix() + "round", std::to_string(s.round),
+                               std::to_string(s.round + 1));
+        continue;
+      }
+      if (!s.waiting.count(self.host))
+        put_signed(rp + "waiting/" + self.host, self.host, false, lease_);
+    } else {
+      bool in = false;
+      for (const auto& [n, crev] : s.members) in |= n.id == self.id;
+      if (!in) {
+        const std::string key = rp + "members/" + self.host;
+        if (put_signed(key, node_json(self), true, lease_)) {
+          joined = s.round;
+          continue;
+        }
+        if (since(start) > 2.0 * static_cast<double>(opts_.lease_ttl_s))
+          throw UserError("another launcher holds " + key + " in etcd",
+                          "two machines with the same host identity (LOOM_HOST_ID or host "
+                          "name) cannot be in one job; or wait for a dead launcher's lease to "
+                          "expire");
+      } else {
+        const int n = static_cast<int>(s.members.size());
+        if (n < opts_.min_nodes)
+          min_at = -1;
+        else if (min_at < 0)
+          min_at = since(start);
+        if (n >= opts_.max_nodes || (min_at >= 0 && since(start) - min_at >= opts_.last_call_s)) {
+          // Freeze: the first MAX to arrive, in host order.
+          auto members = s.members;
+          std::sort(members.begin(), members.end(),
+                    [](const auto& a, const auto& b) { return a.second < b.second; });
+          if (static_cast<int>(members.size()) > opts_.max_nodes) members.resize(opts_.max_nodes);
+          std::sort(members.begin(), members.end(),
+                    [](const auto& a, const auto& b) { return a.first.host < b.first.host; });
+          json nodes = json::array();
+          for (const auto& [node, crev] : members) nodes.push_back(node_json(node));
+          put_signed(rp + "frozen", json{{"nodes", nodes}}, true, 0);
+          continue;
+        }
+      }
+    }
+    if (since(start) > opts_.join_timeout_s) {
+      std::string in;
+      for (const auto& [n, crev] : s.members) in += (in.empty() ? "" : ", ") + n.host;
+      throw PeerError(PeerError::Kind::kTimeout,
+                      "rendezvous " + opts_.job + " at " + etcd_.endpoint() + ": " +
+                          std::to_string(s.members.size()) + " of --nnodes " +
+                          std::to_string(opts_.min_nodes) + ":" + std::to_string(opts_.max_nodes) +
+                          " machines joined round " + std::to_string(s.round) + " within " +
+                          std::to_string(static_cast<int>(opts_.join_timeout_s)) +
+                          " s (in: " + (in.empty() ? "none" : in) + ")");
+    }
+    double wait = 1.0;  // re-read at least this often (the last call, lease expiry)
+    if (min_at >= 0) wait = std::clamp(opts_.last_call_s - (since(start) - min_at), 0.05, 1.0);
+    etcd_.watch_prefix(prefix(), rev + 1, wait);
+  }
+}
+
+Change Rendezvous::watch(const Membership& m, double timeout_s) {
+  for (int pass = 0;; ++pass) {
+    if (lease_lost_) return {Change::kLeaseLost, "this machine's lease expired"};
+    int64_t rev = 0;
+    State s = read(&rev);
+    if (s.round != m.round) {
+      // A failure recorded in the round we ran counts, even after it moved on.
+      if (auto f = etcd_.get(round_prefix(m.round) + "failed")) {
+        const json j = json::parse(f->value, nullptr, false);
+        if (j.is_object() && j.value("sig", "") == sign(f->key + "\n" + j["body"].dump()))
+          return {Change::kJobFailed, j["body"].get<std::string>()};
+      }
+      // Moved on to admit a machine waiting in our round (its ranks stopped at a checkpoint).
+      for (const EtcdKv& w : etcd_.get_prefix(round_prefix(m.round) + "waiting/"))
+        return {Change::kJoinerWaiting, w.key.substr(w.key.rfind('/') + 1)};
+      return {Change::kRoundMoved, "round " + std::to_string(s.round)};
+    }
+    if (s.failed) return {Change::kJobFailed, *s.failed};
+    for (const NodeInfo& n : m.nodes)
+      if (!s.live_ids.count(n.id) && !s.done.count(n.host)) return {Change::kMemberLost, n.host};
+    if (!s.waiting.empty() && static_cast<int>(m.nodes.size()) < opts_.max_nodes)
+      return {Change::kJoinerWaiting, *s.waiting.begin()};
+    if (pass > 0 || timeout_s <= 0) return {};
+    etcd_.watch_prefix(prefix(), rev + 1, timeout_s);
+  }
+}
+
+void Rendezvous::next_round(const Membership& m) {
+  etcd_.compare_and_swap(prefix() + "round", std::to_string(m.round), std::to_string(m.round + 1));
+}
+
+void Rendezvous::fail(const Membership& m, const std::string& why) {
+  const std::string key = round_prefix(m.round) + "failed";
+  const json body = why;
+  etcd_.create(key, json{{"body", body}, {"sig", sign(key + "\n" + body.dump())}}.dump());
+}
+
+void Rendezvous::finish(const Membership& m, double timeout_s) {
+  const NodeInfo& self = m.nodes[m.node_rank];
+  const std::string key = round_prefix(m.round) + "done/" + self.host;
+  const json body = self.host;
+  etcd_.put(key, json{{"body", body}, {"sig", sign(key + "\n" + body.dump())}}.dump());
+  if (m.node_rank != 0) return;
+  const auto start = Clock::now();
+  while (since(start) < timeout_s) {
+    int64_t rev = 0;
+    State s = read(&rev);
+    bool all = true;
+    for (const NodeInfo& n : m.nodes) all &= s.done.count(n.host) || !s.live_ids.count(n.id);
+    if (all || s.round != m.round) break;
+    etcd_.watch_prefix(prefix(), rev + 1, 1.0);
+  }
+  etcd_.erase_prefix(prefix());  // the job is over: its id may be used again
+}
+
+std::string address_towards(const std::string& endpoint) {
+  std::string hp = endpoint.substr(endpoint.find("://") + 3);
+  if (auto slash = hp.find('/'); slash != std::string::npos) hp.resize(slash);
+  comm::net::Fd fd = comm::net::connect_to(comm::net::parse_host_port(hp, "the etcd endpoint"),
+                                           Deadline::after_seconds(10), "etcd");
+  return comm::net::local_address(fd.get()).host;
+}
+
+}  // namespace loom::launch
