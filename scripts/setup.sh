@@ -15,7 +15,7 @@ pkgs=(
   python3-torch                     # PyTorch 1.13: the reference the model is tested against
   libtorch-dev pybind11-dev python3-dev python3-pytest   # loom_torch (torch.distributed backend)
   chromium                          # headless: the `loom report` page test (tests/integration/report_e2e.py)
-  iproute2                          # ss -K (tests/chaos), ip netns + tc (tests/cluster)
+  iproute2 iptables                 # ss -K (tests/chaos), ip netns + tc + link cuts (tests/cluster)
   etcd-server etcd-client libcurl4-openssl-dev   # multi-machine rendezvous: etcd's v3 JSON API
 )
 missing=()

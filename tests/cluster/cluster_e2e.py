@@ -21,18 +21,23 @@ its own /dev/shm and host identity, joined by veth links to a bridge).
                                             is cut, its lease expires and the other two go
                                             on; the losses are one process's throughout,
                                             within 1e-5
+  cluster_e2e.py LOOM WORKDIR faults        the same job through etcd restarted, a rank
+                                            stopped with SIGSTOP (a hang) and a machine's
+                                            traffic dropped by iptables: each reported,
+                                            the job goes on, losses one process's
 """
 import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from common import (Trainer, compare, fail, losses, metrics, prepare_data,  # noqa: E402
-                    wait_for)
+                    rank_pid, wait_for)
 
 LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 CLUSTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.sh")
@@ -186,12 +191,13 @@ def train():
         compare("3 machines x 2 ranks, " + name, losses(d), base)
 
 
-def start_etcd():
+def start_etcd(keep_data=False):
     """A real etcd (Debian etcd-server) on machine 0, serving the machines' network."""
     data = os.path.join(WORK, "etcd")
-    shutil.rmtree(data, ignore_errors=True)
+    if not keep_data:
+        shutil.rmtree(data, ignore_errors=True)
     url = "http://%s:2379" % addr(0)
-    log = open(os.path.join(WORK, "etcd.log"), "w")
+    log = open(os.path.join(WORK, "etcd.log"), "a")
     p = subprocess.Popen(["bash", CLUSTER, "exec", "0", "etcd", "--data-dir", data,
                           "--listen-client-urls", url, "--advertise-client-urls", url,
                           "--listen-peer-urls", "http://127.0.0.1:2380",
@@ -202,116 +208,224 @@ def start_etcd():
                                      url, "endpoint", "health"],
                                     capture_output=True).returncode == 0,
              30, "etcd to answer on machine 0")
-    return p, url
+    return p
+
+
+class RdzvJob:
+    """`loom run --rdzv etcd://...` of one training run on each machine (the command line a
+    user types on every machine of a cluster), with the job's logs and progress."""
+
+    def __init__(self, T, d, extra, steps, job, timeout_s=60, watchdog_s=60):
+        self.d, self.job = d, job
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        self.env = dict(os.environ, LOOM_JOB_TOKEN=secrets.token_hex(16),
+                        LOOM_TIMEOUT_S=str(timeout_s), LOOM_WATCHDOG_S=str(watchdog_s))
+        self.argv = [LOOM, "run", "--nnodes", "2:3", "--nproc-per-node", str(PER_MACHINE),
+                     "--rdzv", "etcd://%s:2379" % addr(0), "--rdzv-id", job,
+                     "--rdzv-last-call", "3", "--max-restarts", "2", "--",
+                     LOOM] + T.args(d, *extra, steps=steps)
+        self.procs, self.logs, self.gone = {}, {}, set()
+
+    def launch(self, m, tag):
+        self.logs[m] = self.d + "_m%d_%s.log" % (m, tag)
+        with open(self.logs[m], "w") as log:
+            self.procs[m] = subprocess.Popen(["bash", CLUSTER, "exec", str(m), *self.argv],
+                                             stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        self.gone.discard(m)
+
+    def step(self):
+        try:
+            return max([m["step"] for m in metrics(self.d) if "loss" in m] or [0])
+        except OSError:
+            return 0
+
+    def log(self, m):
+        with open(self.logs[m]) as f:
+            return f.read()
+
+    def wait(self, pred, timeout, what):
+        """wait_for, failing at once if a machine's loom run (not one of self.gone) ended."""
+        def check():
+            for m, p in self.procs.items():
+                if p.poll() is not None and m not in self.gone:
+                    fail("machine %d's loom run exited %d while waiting for %s:\n%s" %
+                         (m, p.returncode, what, self.log(m)[-3000:]))
+            return pred()
+        wait_for(check, timeout, what)
+
+    def rounds(self):
+        """{round: machines} of the rounds machine 0 ran."""
+        return {int(r): int(n) for r, n in
+                re.findall(self.job + r" round (\d+): machine 0 of (\d+)", self.log(0))}
+
+    def round_met(self, r, machines):
+        self.wait(lambda: self.rounds().get(r) == machines, 120,
+                  "round %d of %d machines" % (r, machines))
+
+    def later_round_met(self, machines):
+        """A round after the current one with `machines` in; returns it."""
+        now = max(self.rounds())
+        self.wait(lambda: any(r > now and n == machines for r, n in self.rounds().items()), 180,
+                  "a round after %d with %d machines" % (now, machines))
+        return max(self.rounds())
+
+    def finish(self, rounds=None):
+        """Every machine's loom run succeeds; machine 0 ran exactly `rounds` (or rounds 0, 1,
+        ... without a gap)."""
+        for m, p in self.procs.items():
+            try:
+                rc = p.wait(timeout=600)
+            except subprocess.TimeoutExpired:
+                fail("machine %d's loom run did not finish:\n%s" % (m, self.log(m)[-3000:]))
+            if rc != 0:
+                fail("machine %d's loom run exited %d:\n%s" % (m, rc, self.log(m)[-3000:]))
+        ran = sorted(self.rounds())
+        if ran != (rounds or list(range(len(ran)))):
+            fail("machine 0 should have run rounds %s, ran %s:\n%s" %
+                 (rounds, ran, self.log(0)[-3000:]))
+
+    def kill(self):
+        for p in self.procs.values():
+            p.kill()
+
+
+# 24 sequences per step: 6 data-parallel ranks x micro-batch 2 x 2, or 4 x 2 x 3.
+ELASTIC_ARGS = ["--set", "train.global_batch=24", "--set", "train.zero=1", "--set",
+                "ckpt.every=5"]
+
+
+def one_process(T, name, steps):
+    d = os.path.join(WORK, name)
+    T.train(d, 1, *ELASTIC_ARGS, steps=steps)
+    return losses(d)
 
 
 def elastic():
     """torchrun-style elastic training across the machines, membership through etcd."""
-    data = prepare_data(LOOM, WORK)
-    T = Trainer(LOOM, data)
+    T = Trainer(LOOM, prepare_data(LOOM, WORK))
     steps = 40
-    # 24 sequences per step: 6 data-parallel ranks x micro-batch 2 x 2, or 4 x 2 x 3.
-    extra = ["--set", "train.global_batch=24", "--set", "train.zero=1", "--set",
-             "ckpt.every=5"]
-    base_dir = os.path.join(WORK, "elastic_one")
-    T.train(base_dir, 1, *extra, steps=steps)
-    base = losses(base_dir)
-    etcd, url = start_etcd()
-    d = os.path.join(WORK, "elastic")
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
-    env = dict(os.environ, LOOM_JOB_TOKEN=secrets.token_hex(16), LOOM_TIMEOUT_S="60")
-    run = ["run", "--nnodes", "2:3", "--nproc-per-node", str(PER_MACHINE), "--rdzv",
-           "etcd://%s:2379" % addr(0), "--rdzv-id", "elastic-e2e", "--rdzv-last-call", "3",
-           "--max-restarts", "2", "--", LOOM] + T.args(d, *extra, steps=steps)
-    procs, logs = {}, {}
-
-    def launch(m, tag):
-        logs[m] = os.path.join(d + "_m%d_%s.log" % (m, tag))
-        with open(logs[m], "w") as log:
-            procs[m] = subprocess.Popen(["bash", CLUSTER, "exec", str(m), LOOM, *run],
-                                        stdout=log, stderr=subprocess.STDOUT, env=env)
-
-    def step():
-        try:
-            return max([m["step"] for m in metrics(d) if "loss" in m] or [0])
-        except OSError:
-            return 0
-
-    def log(m):
-        with open(logs[m]) as f:
-            return f.read()
-
-    def wait(pred, timeout, what):  # failing at once if a machine's loom run ended
-        def check():
-            for m, p in procs.items():
-                if p.poll() is not None and m not in gone:
-                    fail("machine %d's loom run exited %d while waiting for %s:\n%s" %
-                         (m, p.returncode, what, log(m)[-3000:]))
-            return pred()
-        wait_for(check, timeout, what)
-
-    gone = set()
-
+    base = one_process(T, "elastic_one", steps)
+    etcd = start_etcd()
+    job = RdzvJob(T, os.path.join(WORK, "elastic"), ELASTIC_ARGS, steps, "elastic-e2e")
+    last = MACHINES - 1
     try:
         for m in range(MACHINES):
-            launch(m, "first")
-        wait(lambda: step() >= 7, 300, "the 3 machines to train 7 steps")
-        if "6 ranks" not in log(0) and "ranks 0-1 of 6" not in log(0):
-            fail("the first round should have 3 machines x 2 ranks:\n" + log(0)[-2000:])
+            job.launch(m, "first")
+        job.wait(lambda: job.step() >= 7, 300, "the 3 machines to train 7 steps")
+        if "ranks 0-1 of 6" not in job.log(0):
+            fail("the first round should have 3 machines x 2 ranks:\n" + job.log(0)[-2000:])
         # Machine 2 crashes: every process on it is killed, its launcher included.
-        gone.add(MACHINES - 1)
-        cluster("kill", str(MACHINES - 1))
+        job.gone.add(last)
+        cluster("kill", str(last))
         killed = time.time()
-        procs[MACHINES - 1].wait()
-        wait(lambda: "round 1: machine 0 of 2" in log(0), 120,
-                 "machines 0 and 1 to meet again without machine 2")
+        job.procs[last].wait()
+        job.round_met(1, 2)
         print("ok  machine 2 killed at step >= 7: the other two met again in round 1 after "
               "%.1f s" % (time.time() - killed))
-        resumed_at = step()
-        wait(lambda: step() >= resumed_at + 3, 300, "2 machines to train 3 steps")
+        resumed_at = job.step()
+        job.wait(lambda: job.step() >= resumed_at + 3, 300, "2 machines to train 3 steps")
         # Machine 2 comes back: it waits, and is admitted at the next checkpoint.
-        launch(MACHINES - 1, "again")
-        gone.clear()
-        wait(lambda: "round 2: machine 0 of 3" in log(0), 180,
-                 "machine 2 to be admitted (round 2)")
+        job.launch(last, "again")
+        job.round_met(2, 3)
         print("ok  machine 2 started again: admitted in round 2 at a checkpoint")
         # Its link is cut: alive but unreachable. Only its lease's expiry tells the others.
-        admitted_at = step()
-        wait(lambda: step() >= admitted_at + 3, 300, "3 machines to train 3 steps again")
-        gone.add(MACHINES - 1)
-        cluster("cut", str(MACHINES - 1))
+        admitted_at = job.step()
+        job.wait(lambda: job.step() >= admitted_at + 3, 300, "3 machines to train 3 steps")
+        job.gone.add(last)
+        cluster("cut", str(last))
         cut = time.time()
-        wait(lambda: "machine loomc-2 was lost" in log(0), 60,
-             "machines 0 and 1 to notice machine 2's link cut")
+        job.wait(lambda: "machine loomc-2 was lost" in job.log(0), 60,
+                 "machines 0 and 1 to notice machine 2's link cut")
         noticed = time.time() - cut
         if noticed > 15:
             fail("machine 2's cut link was noticed after %.1f s (15 s allowed)" % noticed)
-        wait(lambda: "round 3: machine 0 of 2" in log(0), 60, "round 3 without machine 2")
+        job.round_met(3, 2)
         print("ok  machine 2's link cut: noticed in %.1f s (lease 10 s), round 3 met after "
               "%.1f s" % (noticed, time.time() - cut))
-        procs.pop(MACHINES - 1).kill()  # it waits on peers it cannot reach; stop it
-        for m, p in procs.items():
-            try:
-                rc = p.wait(timeout=600)
-            except subprocess.TimeoutExpired:
-                fail("machine %d's loom run did not finish:\n%s" % (m, log(m)[-3000:]))
-            if rc != 0:
-                fail("machine %d's loom run exited %d:\n%s" % (m, rc, log(m)[-3000:]))
+        job.procs.pop(last).kill()  # it waits on peers it cannot reach; stop it
+        job.finish([0, 1, 2, 3])
     finally:
-        for p in procs.values():
-            p.kill()
+        job.kill()
         etcd.kill()
-    rounds = sorted(set(int(r) for r in re.findall(r"elastic-e2e round (\d+)", log(0))))
-    if rounds != [0, 1, 2, 3]:
-        fail("machine 0 should have run rounds 0 to 3, ran %s:\n%s" % (rounds, log(0)[-3000:]))
-    compare("elastic: 3 machines, 2, 3 again, then 2", losses(d), base)
+    compare("elastic: 3 machines, 2, 3 again, then 2", losses(job.d), base)
+
+
+def faults():
+    """Faults during a `loom run --rdzv` job: etcd restarted, a rank stopped (a hang), a
+    machine's traffic dropped by iptables. Each is reported, the job goes on, and the losses
+    are one process's (no checkpoint was damaged)."""
+    T = Trainer(LOOM, prepare_data(LOOM, WORK))
+    steps, deadline = 40, 15
+    base = one_process(T, "faults_one", steps)
+    etcd = start_etcd()
+    # The defaults' order, shortened: the hang watchdog (60 s) reports before the deadline
+    # (300 s) fails the operation.
+    job = RdzvJob(T, os.path.join(WORK, "faults"), ELASTIC_ARGS, steps, "faults-e2e",
+                  timeout_s=deadline, watchdog_s=5)
+    try:
+        for m in range(MACHINES):
+            job.launch(m, "run")
+        job.wait(lambda: job.step() >= 4, 300, "the 3 machines to train 4 steps")
+        # etcd stops for 3 s and starts again (same data): the ranks never notice.
+        etcd.kill()
+        etcd.wait()
+        at = job.step()
+        time.sleep(3)
+        etcd = start_etcd(keep_data=True)
+        job.wait(lambda: job.step() >= at + 3, 300, "training to go on after etcd restarted")
+        if "round 1" in job.log(0):
+            fail("etcd's restart changed the membership:\n" + job.log(0)[-2000:])
+        print("ok  etcd restarted during training: the job went on in round 0")
+
+        # Rank 3 (machine 1) stops (SIGSTOP): a hang, not a crash. The hang report names it
+        # (it alone does not answer), the deadline fails the step; the machines meet again and resume, all 3 in (machine 1,
+        # whose launcher needs the 5 s kill grace for the stopped rank, may miss the first
+        # round after and be admitted at the next checkpoint).
+        victim = rank_pid(job.procs[1].pid, 3)
+        if victim is None:
+            fail("rank 3 not found under machine 1's loom run")
+        os.kill(victim, signal.SIGSTOP)
+        stopped = time.time()
+        job.wait(lambda: max(job.rounds()) > 0, deadline + 30, "a new round after the hang")
+        took = time.time() - stopped
+        r = job.later_round_met(3) if job.rounds()[max(job.rounds())] != 3 else max(job.rounds())
+        logs = "".join(job.log(m) for m in range(MACHINES))
+        if not re.search(r"behind: rank 3\b", logs):
+            fail("the hang report should name the stopped rank 3 as behind:\n" +
+                 job.log(0)[-3000:])
+        if took > deadline + 15:
+            fail("the stopped rank was reported after %.1f s (deadline %d s)" % (took, deadline))
+        print("ok  rank 3 stopped (SIGSTOP): named, round 1 met after %.1f s (LOOM_TIMEOUT_S "
+              "%d); the 3 machines train again in round %d" % (took, deadline, r))
+
+        # Machine 2's traffic is dropped by iptables (its processes live on, unreachable).
+        at = job.step()
+        job.wait(lambda: job.step() >= at + 3, 300, "3 machines to train 3 steps")
+        job.gone.add(2)
+        cluster("exec", "2", "sh", "-c",
+                "iptables -A INPUT -j DROP && iptables -A OUTPUT -j DROP")
+        cut = time.time()
+        job.wait(lambda: "machine loomc-2 was lost" in job.log(0), 60,
+                 "machines 0 and 1 to notice machine 2's dropped traffic")
+        noticed = time.time() - cut
+        r = job.later_round_met(2)
+        if noticed > 15:
+            fail("machine 2's dropped traffic was noticed after %.1f s (15 s allowed)" % noticed)
+        print("ok  machine 2's traffic dropped (iptables): noticed in %.1f s, round %d met with "
+              "machines 0 and 1" % (noticed, r))
+        job.procs.pop(2).kill()
+        job.finish()
+    finally:
+        job.kill()
+        etcd.kill()
+    compare("faults: etcd restart, a stopped rank, a cut machine", losses(job.d), base)
 
 
 if __name__ == "__main__":
     os.makedirs(WORK, exist_ok=True)
     cluster("up", str(MACHINES))
     try:
-        {"collectives": collectives, "train": train, "elastic": elastic}[MODE]()
+        {"collectives": collectives, "train": train, "elastic": elastic, "faults": faults}[MODE]()
     finally:
         cluster("down")

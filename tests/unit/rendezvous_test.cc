@@ -229,5 +229,21 @@ TEST(Rendezvous, AFailureReachesEveryMachineAndAFinishedJobLeavesNoKeys) {
   EXPECT_TRUE(Etcd(server().url()).get_prefix("/loom/fin/").empty());
 }
 
+TEST(Rendezvous, OverTlsWithClientCertificates) {
+  // etcds://: https only, client certificates required (made by the test with openssl).
+  test::EtcdServer tls(/*tls=*/true);
+  const RendezvousOptions o = options("tls", 2, 2);
+  Rendezvous ra(tls.url(), tls.tls(), o), rb(tls.url(), tls.tls(), o);
+  auto fb = std::async(std::launch::async, [&] { return rb.join(node("b")); });
+  const Membership m = ra.join(node("a"));
+  EXPECT_EQ(m.hosts(), "a, b");
+  EXPECT_EQ(fb.get().node_rank, 1);
+  // Without the client certificate the launcher cannot even take its lease.
+  EXPECT_THROW(Rendezvous(tls.url(), EtcdTls{tls.tls().ca_file, "", ""}, o), PeerError);
+  // The keep-alive thread uses the certificates too: the lease outlives its TTL.
+  std::this_thread::sleep_for(std::chrono::seconds(o.lease_ttl_s + 1));
+  EXPECT_FALSE(ra.watch(m, 0)) << "a lease expired: the keep-alive failed over TLS";
+}
+
 }  // namespace
 }  // namespace loom::launch
