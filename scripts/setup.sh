@@ -17,6 +17,7 @@ pkgs=(
   chromium                          # headless: the `loom report` page test (tests/integration/report_e2e.py)
   iproute2 iptables                 # ss -K (tests/chaos), ip netns + tc + link cuts (tests/cluster)
   etcd-server etcd-client libcurl4-openssl-dev   # multi-machine rendezvous: etcd's v3 JSON API
+  yamllint python3-yaml             # deploy/k8s checks (tests/deploy)
 )
 missing=()
 for p in "${pkgs[@]}"; do
