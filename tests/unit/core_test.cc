@@ -148,6 +148,9 @@ TEST(Tuning, AutoPicksTheCostModelsWinner) {
       // 2 x 2 ranks, 256 MiB: hier max(local 44.7 ms, inter 158 ms) = 158 ms; a flat ring
       // crosses TCP with 6*(30 us + 64 MiB/1.7 GB/s) = 237 ms.
       {OpKind::kAllreduce, two_hosts, 256 * MiB, Algo::kHier, "machines: the local step hides"},
+      // 2 x 2 ranks, 256 MiB: hier max(local 0.4 + 256 MiB/beta_shm = 22.4 ms, inter 30 +
+      // 128 MiB/1.7 GB/s = 79.0 ms) = 79.0 ms; ring 3*(30 us + 64 MiB/1.7 GB/s) = 118.5 ms.
+      {OpKind::kReduceScatter, two_hosts, 256 * MiB, Algo::kHier, "machines: half the link bytes"},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(choose_algo(c.op, c.bytes, c.topo, m, Algo::kAuto), c.want)

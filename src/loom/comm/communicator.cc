@@ -731,6 +731,9 @@ WorkPtr Communicator::reduce_scatter_impl(bool blocking, const void* in, void* o
       case Algo::kRd:
         algo::reduce_scatter_rd(x, in, out, count);
         break;
+      case Algo::kHier:
+        algo::reduce_scatter_hier(x, in, out, count);
+        break;
       default:
         LOOM_CHECK_MSG(false, "no reduce_scatter algorithm " + std::string(algo_name(a)));
     }

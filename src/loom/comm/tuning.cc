@@ -62,6 +62,7 @@ std::vector<Algo> valid_algos(OpKind op, const Topology& topo) {
     case OpKind::kReduceScatter: {
       std::vector<Algo> v{Algo::kRing, Algo::kDirect};
       if (is_pow2(n)) v.push_back(Algo::kRd);
+      if (hier) v.push_back(Algo::kHier);
       return v;
     }
     case OpKind::kBroadcast:
@@ -132,7 +133,12 @@ double predict_us(OpKind op, Algo algo, size_t bytes, const Topology& topo, cons
           return alpha + 0.25 * alpha * (n - 2) +
                  (n - 1) * B / n * us_per_byte * (topo.all_shm() ? 1.0 : 1.1);
         case Algo::kHier: {
-          int h = topo.nhosts();
+          const int h = topo.nhosts(), k = topo.max_local();
+          if (op == OpKind::kReduceScatter) {  // pipelined: the slower level
+            const double local = m.shm.alpha_us + (k - 1) * B * 1e-3 / m.shm.gbps;
+            const double inter = m.tcp.alpha_us + (h - 1) * B / h * 1e-3 / m.tcp.gbps;
+            return std::max(local, inter) + 2 * m.shm.alpha_us + m.tcp.alpha_us;
+          }
           return 2 * m.shm.alpha_us + B * 1e-3 / m.shm.gbps + m.tcp.alpha_us +
                  (h - 1) * B / h * 1e-3 / m.tcp.gbps;
         }

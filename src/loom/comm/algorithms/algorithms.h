@@ -41,6 +41,7 @@ void allgather_hier(Exec& x, const void* in, void* out, const Blocks& b);
 void reduce_scatter_ring(Exec& x, const void* in, void* out, size_t count);
 void reduce_scatter_direct(Exec& x, const void* in, void* out, size_t count);
 void reduce_scatter_rd(Exec& x, const void* in, void* out, size_t count);
+void reduce_scatter_hier(Exec& x, const void* in, void* out, size_t count);
 
 // broadcast `bytes` from root, in place.
 void broadcast_tree(Exec& x, void* buf, size_t bytes, int root);

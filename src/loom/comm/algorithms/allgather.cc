@@ -8,8 +8,15 @@
 //         across machines it keeps every link busy at the same time.
 // rd      Recursive doubling (n a power of two): log2 n rounds, exchanging the contiguous
 //         run of blocks gathered so far with rank^2^k. Wire: (n-1)/n N; log2 n alpha.
-// hier    Leaders gather their host's blocks over shm, exchange host bundles directly over
-//         TCP, then send the whole output to their local ranks over shm.
+// hier    Leaders gather their host's blocks over shm, exchange them with every other
+//         host's leader at once (the all-to-all pattern between machines), and pass every
+//         block on to their local ranks over shm. In chunks of every block: chunk t's local
+//         gather, chunk t-1's exchange between leaders and chunk t-2's hand-out run at once,
+//         so the link does not wait for the local steps. Wire between hosts: (h-1)/h N per
+//         leader.
+#include <algorithm>
+#include <utility>
+
 #include "loom/comm/algorithms/algorithms.h"
 #include "loom/comm/algorithms/util.h"
 #include "loom/comm/reduce.h"
@@ -71,30 +78,65 @@ void allgather_rd(Exec& x, const void* in, void* out, const Blocks& b) {
 
 void allgather_hier(Exec& x, const void* in, void* out, const Blocks& b) {
   const Topology& t = x.topo();
-  const int r = x.rank();
+  const int n = x.size(), r = x.rank();
   const int my_host = t.host_of[r];
   const std::vector<int>& local = t.hosts[my_host];
   const int leader = local.front();
-  place_own(x, in, out, b);
-  if (r != leader) {
-    x.send(leader, in, b.len[r]);
+  const size_t es = x.esize();
+  size_t longest = 0;
+  for (int q = 0; q < n; ++q) longest = std::max(longest, b.len[q]);
+  // Chunks of each block, sized so that one chunk of all n blocks is about LOOM_HIER_CHUNK.
+  const size_t chunk = std::max(es, hier_chunk_bytes() / static_cast<size_t>(n) / es * es);
+  const size_t nchunks = std::max<size_t>(1, (longest + chunk - 1) / chunk);
+  // Chunk c of block q: [o, o + l) of it (empty past its end).
+  auto piece = [&](int q, size_t c) {
+    const size_t o = std::min(b.len[q], c * chunk);
+    return std::pair<size_t, size_t>(b.off[q] + o, std::min(chunk, b.len[q] - o));
+  };
+  x.copy_in_background(at(out, b.off[r]), in, b.len[r]);
+  for (size_t tick = 0; tick < nchunks + 2; ++tick) {
+    if (tick < nchunks) {  // local gather of chunk `tick`
+      if (r != leader) {
+        const size_t o = std::min(b.len[r], tick * chunk);
+        const size_t l = std::min(chunk, b.len[r] - o);
+        if (l > 0) x.send(leader, at(in, o), l);
+      } else {
+        for (size_t i = 1; i < local.size(); ++i) {
+          auto [o, l] = piece(local[i], tick);
+          if (l > 0) x.recv(local[i], at(out, o), l);
+        }
+      }
+    }
+    if (r == leader && tick >= 1 && tick - 1 < nchunks) {  // exchange between leaders
+      for (int i = 1; i < t.nhosts(); ++i) {               // staggered: host h+1, h+2, ...
+        const int h = (my_host + i) % t.nhosts();
+        for (int q : local) {
+          auto [o, l] = piece(q, tick - 1);
+          if (l > 0) x.send(t.leader_of_host(h), q == r ? at(in, o - b.off[r]) : at(out, o), l);
+        }
+      }
+      for (int h = 0; h < t.nhosts(); ++h) {
+        if (h == my_host) continue;
+        for (int q : t.hosts[h]) {
+          auto [o, l] = piece(q, tick - 1);
+          if (l > 0) x.recv(t.leader_of_host(h), at(out, o), l);
+        }
+      }
+    }
+    if (tick >= 2 && tick - 2 < nchunks) {  // hand out chunk tick-2 of every block
+      for (int q = 0; q < n; ++q) {
+        auto [o, l] = piece(q, tick - 2);
+        if (l == 0) continue;
+        if (r != leader) {
+          if (q != r) x.recv(leader, at(out, o), l);
+        } else {
+          for (size_t i = 1; i < local.size(); ++i)
+            if (local[i] != q) x.send(local[i], at(out, o), l);
+        }
+      }
+    }
     x.wait_all();
-    x.wait(x.recv(leader, out, b.total()));
-    return;
   }
-  for (size_t i = 1; i < local.size(); ++i)
-    x.recv(local[i], at(out, b.off[local[i]]), b.len[local[i]]);
-  x.wait_all();
-  // Exchange host bundles with every other leader: one message per block, in rank order.
-  for (int h = 0; h < t.nhosts(); ++h) {
-    if (h == my_host) continue;
-    int other = t.leader_of_host(h);
-    for (int q : local) x.send(other, at(out, b.off[q]), b.len[q]);
-    for (int q : t.hosts[h]) x.recv(other, at(out, b.off[q]), b.len[q]);
-  }
-  x.wait_all();
-  for (size_t i = 1; i < local.size(); ++i) x.send(local[i], out, b.total());
-  x.wait_all();
 }
 
 }  // namespace loom::comm::algo

@@ -26,7 +26,8 @@ namespace {
 const IntTunable kPipelineChunk("LOOM_PIPELINE_CHUNK", 256 << 10,
                                 "chunk bytes for pipelined tree/chain broadcast and reduce");
 const IntTunable kHierChunk("LOOM_HIER_CHUNK", 1 << 20,
-                            "chunk bytes of the hierarchical allreduce pipeline");
+                            "chunk bytes of the hierarchical pipelines (allreduce, "
+                            "reduce_scatter: all blocks together)");
 
 // Ring allreduce among `members` (ascending ranks); `me` is this rank's index in it.
 void ring_allreduce_members(Exec& x, const std::vector<int>& members, int me, const void* in,
@@ -172,6 +173,10 @@ void allreduce_tree(Exec& x, const void* in, void* out, size_t count) {
   broadcast_tree(x, out, bytes, 0);
 }
 
+size_t hier_chunk_bytes() {
+  return static_cast<size_t>(std::max<int64_t>(1, kHierChunk.get()));
+}
+
 void allreduce_hier(Exec& x, const void* in, void* out, size_t count) {
   const Topology& t = x.topo();
   const int r = x.rank();
@@ -185,7 +190,7 @@ void allreduce_hier(Exec& x, const void* in, void* out, size_t count) {
     leaders.push_back(t.leader_of_host(h));
   }
   const size_t es = x.esize(), bytes = count * es;
-  const size_t chunk = std::max(es, static_cast<size_t>(kHierChunk.get()) / es * es);
+  const size_t chunk = std::max(es, hier_chunk_bytes() / es * es);
   const size_t nchunks = std::max<size_t>(1, (bytes + chunk - 1) / chunk);
   auto off_of = [&](size_t c) { return c * chunk; };
   auto len_of = [&](size_t c) { return std::min(chunk, bytes - std::min(bytes, c * chunk)); };

@@ -9,6 +9,13 @@
 // rd      Recursive halving (n a power of two): log2 n rounds; in each, keep the half of
 //         the remaining range that holds your block, send the other half to rank^2^k and
 //         reduce what comes back. Wire: (n-1) B; needs an N-byte scratch copy.
+// hier    Several hosts: each host's leader sums its local ranks' inputs over shm, sends
+//         every other host's leader the partial sums of that host's blocks (all at once:
+//         the all-to-all pattern between machines), adds what the other leaders sent for
+//         its own host's blocks (in host order), and hands each local rank its block. In
+//         chunks of every block: chunk t's local sum, chunk t-1's exchange between leaders
+//         and chunk t-2's hand-out run at once. Wire between hosts: (h-1)/h N per leader,
+//         where ring sends (n-1)/n N across each host boundary.
 #include "loom/comm/algorithms/algorithms.h"
 #include "loom/comm/algorithms/util.h"
 #include "loom/comm/reduce.h"
@@ -53,6 +60,61 @@ void reduce_scatter_direct(Exec& x, const void* in, void* out, size_t count) {
     x.send(q, at(in, q * bb), bb);
   }
   reduce_all_in_rank_order(x, out, own, count);
+}
+
+void reduce_scatter_hier(Exec& x, const void* in, void* out, size_t count) {
+  const Topology& t = x.topo();
+  const int n = x.size(), r = x.rank();
+  const int my_host = t.host_of[r];
+  const std::vector<int>& local = t.hosts[my_host];
+  const int leader = local.front();
+  const size_t es = x.esize(), bb = count * es;
+  // Chunks of each block, sized so that one chunk of all n blocks is about LOOM_HIER_CHUNK.
+  const size_t chunk = std::max(es, hier_chunk_bytes() / static_cast<size_t>(n) / es * es);
+  const size_t nchunks = std::max<size_t>(1, (bb + chunk - 1) / chunk);
+  auto off_of = [&](size_t c) { return c * chunk; };
+  auto len_of = [&](size_t c) { return std::min(chunk, bb - std::min(bb, c * chunk)); };
+  // The leader sums into `work` (N bytes): block q's partial sum at q * bb.
+  std::byte* work = r == leader ? x.scratch(static_cast<size_t>(n) * bb) : nullptr;
+  for (size_t tick = 0; tick < nchunks + 2; ++tick) {
+    if (tick < nchunks) {  // local sum of chunk `tick` of every block
+      const size_t o = off_of(tick), l = len_of(tick);
+      for (int q = 0; q < n && l > 0; ++q) {
+        if (r != leader) {
+          x.send(leader, at(in, q * bb + o), l);
+          continue;
+        }
+        copy_bytes(work + q * bb + o, at(in, q * bb + o), l);
+        const RecvReq* prev = nullptr;
+        for (size_t i = 1; i < local.size(); ++i)
+          prev = x.recv_reduce(local[i], work + q * bb + o, work + q * bb + o, l, prev);
+      }
+    }
+    if (r == leader && tick >= 1 && tick - 1 < nchunks) {  // exchange between leaders
+      const size_t o = off_of(tick - 1), l = len_of(tick - 1);
+      for (int i = 1; i < t.nhosts() && l > 0; ++i) {  // staggered: h+1, h+2, ...
+        const int h = (my_host + i) % t.nhosts();
+        for (int q : t.hosts[h]) x.send(t.leader_of_host(h), work + q * bb + o, l);
+      }
+      for (int q : local) {  // the other hosts' sums of our blocks, added in host order
+        const RecvReq* prev = nullptr;
+        for (int h = 0; h < t.nhosts() && l > 0; ++h)
+          if (h != my_host)
+            prev =
+                x.recv_reduce(t.leader_of_host(h), work + q * bb + o, work + q * bb + o, l, prev);
+      }
+    }
+    if (tick >= 2 && tick - 2 < nchunks) {  // hand out chunk tick-2 of each local block
+      const size_t o = off_of(tick - 2), l = len_of(tick - 2);
+      if (r != leader) {
+        if (l > 0) x.recv(leader, at(out, o), l);
+      } else if (l > 0) {
+        for (size_t i = 1; i < local.size(); ++i) x.send(local[i], work + local[i] * bb + o, l);
+        copy_bytes(at(out, o), work + r * bb + o, l);
+      }
+    }
+    x.wait_all();
+  }
 }
 
 void reduce_scatter_rd(Exec& x, const void* in, void* out, size_t count) {

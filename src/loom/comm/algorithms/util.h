@@ -28,4 +28,7 @@ size_t pipeline_chunk(size_t esize);
 // the receives overwrite `out` first). The sends are the caller's. Ends with wait_all().
 void reduce_all_in_rank_order(Exec& x, void* out, const void* own, size_t count);
 
+// LOOM_HIER_CHUNK: the pipeline chunk of the hierarchical algorithms (allreduce.cc).
+size_t hier_chunk_bytes();
+
 }  // namespace loom::comm::algo
