@@ -21,6 +21,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -28,6 +30,7 @@
 
 #include "loom/comm/bootstrap.h"
 #include "loom/comm/communicator.h"
+#include "loom/comm/tuning.h"
 #include "loom/core/error.h"
 #include "loom/core/tunable.h"
 #include "loom/launch/local_launcher.h"
@@ -57,6 +60,7 @@ struct BenchArgs {
   bool tunables = false;
   bool probe = false;
   double job_timeout = 0;
+  std::string calibrate;               // a tuning table to write (LOOM_TUNING_FILE)
   std::vector<std::string> forwarded;  // argv after "bench", for re-executing ranks
 };
 
@@ -205,6 +209,75 @@ struct Row {
   int64_t wrong = 0;
 };
 
+// The median over iterations of the slowest rank's time of one case, after warmup.
+double time_case(Communicator& comm, Case& c, std::vector<std::byte>& in,
+                 std::vector<std::byte>& out, bool in_place, Algo algo, int warmup, int iters) {
+  for (int w = 0; w < warmup; ++w) c.run(comm, in.data(), out.data(), in_place, algo);
+  comm.barrier();
+  std::vector<double> times(iters);
+  for (int it = 0; it < iters; ++it) {
+    auto t0 = std::chrono::steady_clock::now();
+    c.run(comm, in.data(), out.data(), in_place, algo);
+    times[it] =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
+  comm.allreduce(times.data(), times.data(), times.size(), DType::kF64, ReduceOp::kMax);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// --calibrate FILE: every valid algorithm of each op at each size, out of place; the
+// fastest per size goes into the tuning table for this topology (other topologies already
+// in FILE are kept), which LOOM_TUNING_FILE=FILE then uses instead of the cost model.
+int calibrate(const BenchArgs& a, Communicator& comm, const std::vector<OpKind>& ops, DType t,
+              size_t lo, size_t hi) {
+  const int n = comm.size(), rank = comm.rank();
+  comm::TuningTable table;
+  if (rank == 0 && std::ifstream(a.calibrate).good()) table = comm::TuningTable::load(a.calibrate);
+  auto& entries = table.tables[comm::TuningTable::key_of(comm.topology())];
+  entries.clear();
+  if (rank == 0)
+    std::printf("# calibrating %d ranks, %s: median us per algorithm, out of place\n", n,
+                comm.topology().describe().c_str());
+  for (OpKind op : ops) {
+    if (op != OpKind::kAllreduce && op != OpKind::kAllgather && op != OpKind::kReduceScatter)
+      continue;
+    for (size_t bytes = lo; bytes <= hi; bytes *= static_cast<size_t>(std::max(a.factor, 2))) {
+      auto c = Case::make(op, bytes, n, rank, t);
+      if (!c) continue;
+      std::vector<std::byte> in(c->in_elems * c->es + 64), out(c->out_elems * c->es + 64);
+      comm::TuningTable::Entry e{op, c->size_bytes, Algo::kAuto, {}};
+      double best = 0;
+      std::string line;
+      for (Algo algo : comm::valid_algos(op, comm.topology())) {
+        const double us = time_case(comm, *c, in, out, false, algo, a.warmup, a.iters);
+        e.us[comm::algo_name(algo)] = us;
+        char cell[48];
+        std::snprintf(cell, sizeof cell, " %s %.1f", comm::algo_name(algo), us);
+        line += cell;
+        if (e.algo == Algo::kAuto || us < best) e.algo = algo, best = us;
+      }
+      if (rank == 0)
+        std::printf("  %-14s %12zu -> %-6s |%s\n", comm::op_name(op), c->size_bytes,
+                    comm::algo_name(e.algo), line.c_str());
+      entries.push_back(std::move(e));
+    }
+  }
+  if (rank == 0) {  // written whole, then renamed: a reader never sees half a table
+    const std::string tmp = a.calibrate + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << table.to_json() << "\n";
+      if (!f) throw UserError("cannot write " + tmp, "check the directory exists and is writable");
+    }
+    std::filesystem::rename(tmp, a.calibrate);
+    std::printf("# wrote %s: use it with LOOM_TUNING_FILE=%s\n", a.calibrate.c_str(),
+                a.calibrate.c_str());
+  }
+  comm.barrier();
+  return 0;
+}
+
 int run_rank(const BenchArgs& a) {
   auto comm = comm::init_from_env();
   const int n = comm->size(), rank = comm->rank();
@@ -218,6 +291,7 @@ int run_rank(const BenchArgs& a) {
     ops = {*comm::parse_op(a.op)};
   const size_t lo = parse_bytes(a.min, "--min"), hi = parse_bytes(a.max, "--max");
   const bool do_check = a.check && !a.no_check;
+  if (!a.calibrate.empty()) return calibrate(a, *comm, ops, *t, lo, hi);
 
   FILE* json = nullptr;
   if (rank == 0 && !a.json.empty()) json = a.json == "-" ? stdout : std::fopen(a.json.c_str(), "w");
@@ -260,22 +334,10 @@ int run_rank(const BenchArgs& a) {
       Row rows[2];
       for (int ip = 0; ip < 2; ++ip) {
         bool in_place = ip == 1;
-        for (int w = 0; w < a.warmup; ++w)
-          c->run(*comm, in.data(), out.data(), in_place, *requested);
-        comm->barrier();
-        std::vector<double> times(a.iters);
-        for (int it = 0; it < a.iters; ++it) {
-          auto t0 = std::chrono::steady_clock::now();
-          c->run(*comm, in.data(), out.data(), in_place, *requested);
-          times[it] =
-              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                  .count();
-        }
-        // The slowest rank's time for each iteration, then the median iteration.
-        comm->allreduce(times.data(), times.data(), times.size(), DType::kF64, ReduceOp::kMax);
-        std::sort(times.begin(), times.end());
+        const double time_us =
+            time_case(*comm, *c, in, out, in_place, *requested, a.warmup, a.iters);
         Row& row = rows[ip];
-        row.time_us = times[times.size() / 2];
+        row.time_us = time_us;
         row.algbw = c->size_bytes / row.time_us / 1e3;
         row.busbw = row.algbw * c->bus_factor;
         row.of_limit = limit_us / row.time_us;
@@ -403,6 +465,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
   b->add_flag("--tunables", args->tunables, "list every LOOM_* tunable and exit");
   b->add_flag("--probe", args->probe,
               "print the machine probes (memcpy GB/s, core-to-core flag latency) as JSON and exit");
+  b->add_option("--calibrate", args->calibrate,
+                "time every valid algorithm per op and size; write the winners to FILE, a "
+                "tuning table for LOOM_TUNING_FILE (other topologies in FILE are kept)");
   b->add_option("--job-timeout", args->job_timeout,
                 "with --np: stop the job after this many seconds");
   return [args, b]() -> int {
@@ -430,6 +495,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
                                       "--warmup", std::to_string(args->warmup)};
       if (args->no_check) fwd.push_back("--no-check");
       if (!args->json.empty()) fwd.insert(fwd.end(), {"--json", args->json});
+      if (!args->calibrate.empty()) fwd.insert(fwd.end(), {"--calibrate", args->calibrate});
       args->forwarded = fwd;
       return run_launcher(*args);
     }

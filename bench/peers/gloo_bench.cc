@@ -1,7 +1,8 @@
 // Gloo peer for bench/comm_vs_peers.sh: Gloo's ring allreduce and ring allgather over its
-// TCP transport on loopback, f32; median over iterations of the slowest rank's time; JSON
+// TCP transport (on loopback, or GLOO_HOST: this rank's address on the emulated machines of
+// bench/cluster_vs_peers.sh), f32; median over iterations of the slowest rank's time; JSON
 // lines on rank 0's stdout in loom bench's field names.
-//   RANK=r SIZE=n STORE_DIR=dir gloo_bench MIN MAX FACTOR ITERS
+//   RANK=r SIZE=n STORE_DIR=dir [GLOO_HOST=addr] gloo_bench MIN MAX FACTOR ITERS
 #include <gloo/allgather_ring.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/barrier_all_to_one.h>
@@ -23,7 +24,8 @@ int main(int argc, char** argv) {
   size_t factor = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 4;
   int iters = argc > 4 ? std::atoi(argv[4]) : 20;
   gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
+  const char* host = std::getenv("GLOO_HOST");
+  attr.hostname = host && *host ? host : "127.0.0.1";
   auto dev = gloo::transport::tcp::CreateDevice(attr);
   gloo::rendezvous::FileStore fs(std::getenv("STORE_DIR"));
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, n);

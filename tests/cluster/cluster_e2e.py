@@ -8,7 +8,9 @@ its own /dev/shm and host identity, joined by veth links to a bridge).
                                             store on machine 0; the job sees 3 hosts, every
                                             result is right, shared memory only inside
                                             machines; a rank with another job token on
-                                            machine 2 is refused and the job fails
+                                            machine 2 is refused and the job fails; `loom
+                                            bench --calibrate` writes a tuning table that
+                                            LOOM_TUNING_FILE makes every rank follow
   cluster_e2e.py LOOM WORKDIR train         `loom train` on 3 machines x 2 ranks with ZeRO-3,
                                             and tp 2 (inside each machine) x dp 3 (across):
                                             one process's losses within 1e-5
@@ -26,6 +28,7 @@ its own /dev/shm and host identity, joined by veth links to a bridge).
                                             traffic dropped by iptables: each reported,
                                             the job goes on, losses one process's
 """
+import json
 import os
 import re
 import secrets
@@ -48,23 +51,25 @@ def cluster(*args, **kw):
     return subprocess.run(["bash", CLUSTER, *args], check=True, **kw)
 
 
-def start_job(argv, logs, bad_token_rank=-1, timeout_s=60):
+def start_job(argv, logs, bad_token_rank=-1, timeout_s=60, env=()):
     """Starts argv as MACHINES x PER_MACHINE ranks, each on its machine with the environment
-    a launcher would give it (bad_token_rank gets another job token); returns the processes
-    (rank order)."""
+    a launcher would give it (bad_token_rank gets another job token; env: more NAME=VALUE);
+    returns the processes (rank order)."""
     token = secrets.token_hex(16)
     world = MACHINES * PER_MACHINE
     store = "LOOM_STORE=tcp://%s:%d" % (addr(0), PORT)  # rank 0 hosts it on machine 0
     procs = []
     for rank in range(world):
         m, local = divmod(rank, PER_MACHINE)
-        env = ["LOOM_RANK=%d" % rank, "LOOM_WORLD_SIZE=%d" % world,
-               "LOOM_LOCAL_RANK=%d" % local, "LOOM_LOCAL_WORLD_SIZE=%d" % PER_MACHINE,
-               store,
-               "LOOM_JOB_TOKEN=" + (secrets.token_hex(16) if rank == bad_token_rank else token),
-               "LOOM_TIMEOUT_S=%d" % timeout_s]
+        rank_env = ["LOOM_RANK=%d" % rank, "LOOM_WORLD_SIZE=%d" % world,
+                    "LOOM_LOCAL_RANK=%d" % local, "LOOM_LOCAL_WORLD_SIZE=%d" % PER_MACHINE,
+                    store,
+                    "LOOM_JOB_TOKEN=" + (secrets.token_hex(16) if rank == bad_token_rank
+                                         else token),
+                    "LOOM_TIMEOUT_S=%d" % timeout_s, *env]
         with open(os.path.join(logs, "rank%d.log" % rank), "w") as log:  # the child keeps it
-            procs.append(subprocess.Popen(["bash", CLUSTER, "exec", str(m), "env", *env, *argv],
+            procs.append(subprocess.Popen(["bash", CLUSTER, "exec", str(m), "env", *rank_env,
+                                           *argv],
                                           stdout=log, stderr=subprocess.STDOUT))
     return procs
 
@@ -139,6 +144,7 @@ def collectives():
     print("ok  rank 0 maps shared memory from its machine's own /dev/shm (device %s, the "
           "host's %s); none in the host's" % (",".join(sorted(seen_in_machine)), host_dev))
     unauthenticated()
+    calibrated()
 
 
 def unauthenticated():
@@ -171,6 +177,38 @@ def unauthenticated():
         fail("the other ranks should name the rank that never joined:\n" + read(logs, 1)[-1500:])
     print("ok  a rank on machine %d with another token: refused by the store, the job failed "
           "in %.1f s" % (MACHINES - 1, time.time() - t0))
+
+
+def calibrated():
+    """`loom bench --calibrate FILE` on the machines writes a tuning table for 3 hosts x 2
+    ranks; with LOOM_TUNING_FILE=FILE every rank's auto choice is the table's winner."""
+    logs = os.path.join(WORK, "calibrate")
+    os.makedirs(logs, exist_ok=True)
+    table_file = os.path.join(WORK, "tuning.json")
+    sizes = ["--min", "64K", "--max", "16M", "--factor", "16", "--iters", "3", "--warmup", "1"]
+    procs = start_job([LOOM, "bench", "--op", "all", "--calibrate", table_file, *sizes], logs)
+    wait_job(procs, logs)
+    with open(table_file) as f:
+        tables = json.load(f)["tables"]
+    if len(tables) != 1 or (tables[0]["nhosts"], tables[0]["local"], tables[0]["ranks"]) != (
+            MACHINES, PER_MACHINE, MACHINES * PER_MACHINE):
+        fail("the table should be for 3 hosts x 2 ranks: %s" % tables)
+    want = {(e["op"], e["bytes"]): e["algo"] for e in tables[0]["entries"]}
+    if len({op for op, _ in want}) != 3 or any(len(e["us"]) < 2 for e in tables[0]["entries"]):
+        fail("the table should time every valid algorithm of 3 ops: %s" % tables[0]["entries"])
+    got = {}
+    for op in ("allreduce", "allgather", "reduce_scatter"):
+        procs = start_job([LOOM, "bench", "--op", op, "--json", "-", *sizes], logs,
+                          env=["LOOM_TUNING_FILE=" + table_file])
+        wait_job(procs, logs)
+        for line in read(logs, 0).splitlines():
+            if line.startswith("{") and not json.loads(line)["inplace"]:
+                r = json.loads(line)
+                got[(r["op"], r["bytes"])] = r["algo"]
+    if got != want:
+        fail("with LOOM_TUNING_FILE the choices should be the table's: %s vs %s" % (got, want))
+    print("ok  loom bench --calibrate: %d measured winners (%s), used by every rank with "
+          "LOOM_TUNING_FILE" % (len(want), ", ".join(sorted(set(want.values())))))
 
 
 def train():

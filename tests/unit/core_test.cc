@@ -2,8 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <limits>
+#include <memory>
 
 #include "loom/comm/reduce.h"
 #include "loom/comm/tuning.h"
@@ -160,6 +163,65 @@ TEST(Tuning, AutoPicksTheCostModelsWinner) {
     for (Algo a : valid_algos(c.op, c.topo))
       EXPECT_LE(best, predict_us(c.op, a, c.bytes, c.topo, m)) << algo_name(a);
   }
+}
+
+// A measured table (LOOM_TUNING_FILE, `loom bench --calibrate`) overrides the cost model
+// for the topology and op it measured, at the nearest measured size; elsewhere the model
+// decides; an override still wins; a malformed file is a one-line UserError.
+TEST(Tuning, AMeasuredTableOverridesTheModelWhereItMeasured) {
+  using namespace comm;
+  Topology two_hosts;  // 2 machines x 2 ranks
+  two_hosts.size = 4;
+  two_hosts.host_of = {0, 0, 1, 1};
+  two_hosts.hosts = {{0, 1}, {2, 3}};
+  Topology one_host = two_hosts;
+  one_host.host_of = {0, 0, 0, 0};
+  one_host.hosts = {{0, 1, 2, 3}};
+  const std::string path = ::testing::TempDir() + "/loom-tuning-test.json";
+  {
+    TuningTable t;
+    t.tables[TuningTable::key_of(two_hosts)] = {
+        {OpKind::kAllreduce, 1 << 20, Algo::kRing, {{"ring", 10}, {"hier", 12}}},
+        {OpKind::kAllreduce, 64 << 20, Algo::kDirect, {{"direct", 100}, {"hier", 120}}}};
+    std::ofstream(path) << t.to_json();
+  }
+  CostModel m{{0.4, 12.0}, {30.0, 1.7}};
+  const CostModel plain = m;
+  m.measured = std::make_shared<const TuningTable>(TuningTable::load(path));
+  // The model alone picks hier for a large allreduce across machines (AutoPicksThe...).
+  EXPECT_EQ(choose_algo(OpKind::kAllreduce, 256 << 20, two_hosts, plain, Algo::kAuto), Algo::kHier);
+  EXPECT_EQ(choose_algo(OpKind::kAllreduce, 256 << 20, two_hosts, m, Algo::kAuto), Algo::kDirect)
+      << "nearest measured size: 64 MiB";
+  EXPECT_EQ(choose_algo(OpKind::kAllreduce, 2 << 20, two_hosts, m, Algo::kAuto), Algo::kRing)
+      << "nearest measured size: 1 MiB";
+  EXPECT_EQ(choose_algo(OpKind::kAllgather, 256 << 20, two_hosts, m, Algo::kAuto),
+            choose_algo(OpKind::kAllgather, 256 << 20, two_hosts, plain, Algo::kAuto))
+      << "an op it did not measure: the model";
+  EXPECT_EQ(choose_algo(OpKind::kAllreduce, 256 << 20, one_host, m, Algo::kAuto),
+            choose_algo(OpKind::kAllreduce, 256 << 20, one_host, plain, Algo::kAuto))
+      << "a topology it did not measure: the model";
+  EXPECT_EQ(choose_algo(OpKind::kAllreduce, 256 << 20, two_hosts, m, Algo::kTree), Algo::kTree);
+  // The file round-trips, timings included.
+  const TuningTable again = TuningTable::load(path);
+  ASSERT_EQ(again.tables.size(), 1u);
+  const auto& e = again.tables.begin()->second.at(1);
+  EXPECT_EQ(e.algo, Algo::kDirect);
+  EXPECT_EQ(e.bytes, size_t{64} << 20);
+  EXPECT_EQ(e.us.at("hier"), 120);
+  // Malformed files.
+  EXPECT_THROW(TuningTable::load(path + ".missing"), UserError);
+  std::ofstream(path) << "{\"tables\": [{\"nhosts\": 2}]}";
+  EXPECT_THROW(TuningTable::load(path), UserError);
+  std::ofstream(path) << R"({"tables": [{"nhosts": 2, "local": 2, "ranks": 4, "force_tcp": false,
+                          "entries": [{"op": "allreduce", "bytes": 8, "algo": "warp"}]}]})";
+  try {
+    TuningTable::load(path);
+    FAIL() << "an unknown algorithm was accepted";
+  } catch (const UserError& err) {
+    EXPECT_NE(std::string(err.what()).find("is not a tuning table"), std::string::npos);
+    EXPECT_NE(err.hint().find("loom bench --calibrate"), std::string::npos);
+  }
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -85,6 +85,23 @@ TEST(Rendezvous, MachinesAgreeOnOneMembership) {
   EXPECT_FALSE(ra.watch(ms[0], 0)) << "nothing changed";
 }
 
+TEST(Rendezvous, MachinesStartingUpTo10SecondsApartFormOneJob) {
+  // --nnodes 2:3 with the default last call (10 s): b comes 4 s after a, c 4 s after b; the
+  // last call, started when b made MIN, is still open when c comes, and MAX freezes it.
+  RendezvousOptions o = options("apart", 2, 3, 10);
+  Rendezvous ra(server().url(), {}, o), rb(server().url(), {}, o), rc(server().url(), {}, o);
+  const auto start = Clock::now();
+  auto fa = std::async(std::launch::async, [&] { return ra.join(node("a")); });
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  auto fb = std::async(std::launch::async, [&] { return rb.join(node("b")); });
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  const Membership mc = rc.join(node("c"));
+  EXPECT_EQ(mc.hosts(), "a, b, c");
+  EXPECT_EQ(fa.get().hosts(), "a, b, c");
+  EXPECT_EQ(fb.get().round, 0);
+  EXPECT_LT(seconds_since(start), 10) << "MAX in: frozen at once, not at the last call's end";
+}
+
 TEST(Rendezvous, LastCallFreezesAtMinAndALateMachineWaitsForTheNextRound) {
   const RendezvousOptions o = options("late", 2, 3, 1.5);
   Rendezvous ra(server().url(), {}, o), rb(server().url(), {}, o), rc(server().url(), {}, o);

@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <limits>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "loom/core/error.h"
 #include "loom/core/tunable.h"
 
 namespace loom::comm {
@@ -14,6 +18,9 @@ const DoubleTunable kShmAlpha("LOOM_SHM_ALPHA_US", 0.4, "cost-model latency of o
 const DoubleTunable kShmGbps("LOOM_SHM_GBPS", 12.0, "cost-model bandwidth of shm, GB/s");
 const DoubleTunable kTcpAlpha("LOOM_TCP_ALPHA_US", 30.0, "cost-model latency of one TCP step, us");
 const DoubleTunable kTcpGbps("LOOM_TCP_GBPS", 1.7, "cost-model bandwidth of TCP, GB/s");
+const StringTunable kTuningFile("LOOM_TUNING_FILE", "",
+                                "measured algorithm table (loom bench --calibrate FILE) used "
+                                "instead of the cost model where it has the topology and op");
 
 bool is_pow2(int n) {
   return n > 0 && (n & (n - 1)) == 0;
@@ -40,8 +47,81 @@ std::string Topology::describe() const {
   return os.str();
 }
 
+TuningTable::Key TuningTable::key_of(const Topology& t) {
+  return {t.nhosts(), t.max_local(), t.size, t.force_tcp};
+}
+
+const TuningTable::Entry* TuningTable::lookup(OpKind op, size_t bytes, const Topology& t) const {
+  auto it = tables.find(key_of(t));
+  if (it == tables.end()) return nullptr;
+  const Entry* best = nullptr;
+  double best_d = 0;
+  for (const Entry& e : it->second) {
+    if (e.op != op) continue;
+    const double d = std::abs(std::log2(static_cast<double>(std::max<size_t>(bytes, 1))) -
+                              std::log2(static_cast<double>(std::max<size_t>(e.bytes, 1))));
+    if (!best || d < best_d) best = &e, best_d = d;
+  }
+  return best;
+}
+
+TuningTable TuningTable::load(const std::string& path) {
+  std::ifstream f(path);
+  const std::string hint = "write it with loom bench --calibrate " + path +
+                           " on these machines, or unset LOOM_TUNING_FILE";
+  if (!f) throw UserError("cannot read LOOM_TUNING_FILE " + path, hint);
+  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  TuningTable t;
+  try {
+    if (j.is_discarded()) throw std::invalid_argument("not JSON");
+    for (const auto& tab : j.at("tables")) {
+      Key k{tab.at("nhosts").get<int>(), tab.at("local").get<int>(), tab.at("ranks").get<int>(),
+            tab.at("force_tcp").get<bool>()};
+      auto& entries = t.tables[k];
+      for (const auto& e : tab.at("entries")) {
+        auto op = parse_op(e.at("op").get<std::string>());
+        auto algo = parse_algo(e.at("algo").get<std::string>());
+        if (!op || !algo || *algo == Algo::kAuto)
+          throw std::invalid_argument("unknown op or algorithm in " + e.dump());
+        entries.push_back({*op, e.at("bytes").get<size_t>(), *algo,
+                           e.value("us", std::map<std::string, double>{})});
+      }
+    }
+  } catch (const std::exception& e) {
+    throw UserError("LOOM_TUNING_FILE " + path + " is not a tuning table: " + e.what(), hint);
+  }
+  return t;
+}
+
+std::string TuningTable::to_json() const {
+  nlohmann::json tabs = nlohmann::json::array();
+  for (const auto& [k, entries] : tables) {
+    nlohmann::json es = nlohmann::json::array();
+    for (const Entry& e : entries)
+      es.push_back(
+          {{"op", op_name(e.op)}, {"bytes", e.bytes}, {"algo", algo_name(e.algo)}, {"us", e.us}});
+    tabs.push_back({{"nhosts", k.nhosts},
+                    {"local", k.local},
+                    {"ranks", k.ranks},
+                    {"force_tcp", k.force_tcp},
+                    {"entries", es}});
+  }
+  return nlohmann::json{{"version", 1}, {"tables", tabs}}.dump(1);
+}
+
 CostModel CostModel::from_env() {
-  return {{kShmAlpha.get(), kShmGbps.get()}, {kTcpAlpha.get(), kTcpGbps.get()}};
+  CostModel m{{kShmAlpha.get(), kShmGbps.get()}, {kTcpAlpha.get(), kTcpGbps.get()}, nullptr};
+  const std::string path = kTuningFile.get();
+  if (!path.empty()) {
+    // Loaded once per process and file (every communicator of a job reads the same one).
+    static std::mutex mu;
+    static std::map<std::string, std::shared_ptr<const TuningTable>> loaded;
+    std::lock_guard<std::mutex> lock(mu);
+    auto& t = loaded[path];
+    if (!t) t = std::make_shared<const TuningTable>(TuningTable::load(path));
+    m.measured = t;
+  }
+  return m;
 }
 
 std::vector<Algo> valid_algos(OpKind op, const Topology& topo) {
@@ -172,6 +252,9 @@ Algo choose_algo(OpKind op, size_t bytes, const Topology& topo, const CostModel&
   std::vector<Algo> valid = valid_algos(op, topo);
   if (requested != Algo::kAuto && std::find(valid.begin(), valid.end(), requested) != valid.end())
     return requested;
+  if (m.measured)
+    if (const TuningTable::Entry* e = m.measured->lookup(op, bytes, topo))
+      if (std::find(valid.begin(), valid.end(), e->algo) != valid.end()) return e->algo;
   Algo best = valid.front();
   double best_t = std::numeric_limits<double>::infinity();
   for (Algo a : valid) {

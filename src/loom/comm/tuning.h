@@ -4,12 +4,17 @@
 // steps * alpha + bytes_on_the_wire / beta for the links it uses, and `auto` picks the
 // smallest prediction among the algorithms valid for the op and group. alpha and beta per
 // transport come from LOOM_{SHM,TCP}_{ALPHA_US,GBPS} (defaults measured on the development
-// machine with `loom bench`, see docs/algorithms.md and docs/perf.md; an automatic
-// `loom bench --calibrate` that fits them is not written yet).
+// machine with `loom bench`, see docs/algorithms.md and docs/perf.md). Where a measured
+// table is loaded (LOOM_TUNING_FILE, written by `loom bench --calibrate FILE` on the
+// machines themselves), its winner for the nearest measured size of the same op and
+// topology (hosts, ranks per host, ranks, transport) is used instead of the model.
 // LOOM_ALGO or the per-call option overrides the choice where that algorithm applies.
 #pragma once
 
 #include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "loom/comm/topology.h"
@@ -22,9 +27,34 @@ struct LinkCost {
   double gbps;      // sustained bytes per ns (GB/s)
 };
 
+// Measured winners (`loom bench --calibrate`): per topology, per op, per size.
+struct TuningTable {
+  struct Key {
+    int nhosts, local, ranks;
+    bool force_tcp;
+    auto operator<=>(const Key&) const = default;
+  };
+  struct Entry {
+    OpKind op;
+    size_t bytes;
+    Algo algo;
+    std::map<std::string, double> us;  // every algorithm measured: median time
+  };
+  std::map<Key, std::vector<Entry>> tables;
+
+  static Key key_of(const Topology& t);
+  // The measured winner for op at the nearest measured size (log scale), if this topology
+  // and op were measured.
+  const Entry* lookup(OpKind op, size_t bytes, const Topology& t) const;
+  // JSON file: UserError naming the file on anything malformed.
+  static TuningTable load(const std::string& path);
+  std::string to_json() const;
+};
+
 struct CostModel {
   LinkCost shm;
   LinkCost tcp;
+  std::shared_ptr<const TuningTable> measured;  // LOOM_TUNING_FILE, if set
   static CostModel from_env();
 };
 
