@@ -126,6 +126,10 @@ TEST(Tuning, AutoPicksTheCostModelsWinner) {
   two_hosts.size = 4;
   two_hosts.host_of = {0, 0, 1, 1};
   two_hosts.hosts = {{0, 1}, {2, 3}};
+  Topology four_hosts;  // 4 machines x 1 rank
+  four_hosts.size = 4;
+  four_hosts.host_of = {0, 1, 2, 3};
+  four_hosts.hosts = {{0}, {1}, {2}, {3}};
   struct Case {
     OpKind op;
     Topology topo;
@@ -154,6 +158,10 @@ TEST(Tuning, AutoPicksTheCostModelsWinner) {
       // 2 x 2 ranks, 256 MiB: hier max(local 0.4 + 256 MiB/beta_shm = 22.4 ms, inter 30 +
       // 128 MiB/1.7 GB/s = 79.0 ms) = 79.0 ms; ring 3*(30 us + 64 MiB/1.7 GB/s) = 118.5 ms.
       {OpKind::kReduceScatter, two_hosts, 256 * MiB, Algo::kHier, "machines: half the link bytes"},
+      // 4 machines x 1 rank, 64 MiB: ring 3*(30 + 16 MiB/1.7 GB/s) = 29.7 ms; rd 2*30 us +
+      // 1.1*48 MiB/1.7 GB/s = 32.6 ms (its rounds do not overlap across TCP: measured 13%
+      // behind ring, docs/perf.md); direct 32.6 ms.
+      {OpKind::kAllgather, four_hosts, 64 * MiB, Algo::kRing, "rd's rounds wait across TCP"},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(choose_algo(c.op, c.bytes, c.topo, m, Algo::kAuto), c.want)
