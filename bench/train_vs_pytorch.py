@@ -4,6 +4,7 @@ optimizer, fp32 (and bf16), 2 threads, in one run: median step time -> tokens/s,
 peak RSS of each process.
 
     /usr/bin/python3 bench/train_vs_pytorch.py LOOM DATA_DIR [--steps N] [--models small,gpt2-124m]
+        [--pytorch-bf16-steps N]
 
 DATA_DIR is a `loom prep` folder (PyTorch gets random tokens: the speed does not depend on
 them). Prints a markdown table for docs/perf.md.
@@ -132,14 +133,22 @@ def main():
     ap.add_argument("data")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--models", default="small,gpt2-124m")
+    ap.add_argument("--pytorch-bf16-steps", type=int, default=2,
+                    help="timed steps of PyTorch in bf16 (Debian's PyTorch has no fast bf16 "
+                    "matmul on CPU: one gpt2-124m step took minutes)")
     a = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS="2", OPENBLAS_NUM_THREADS="2")
-    rows = []
+    # Each row is printed as soon as it is measured (a full run takes long on 2 cores).
+    print("| model | dtype | B x T | PyTorch tok/s | loom tok/s | loom / PyTorch | PyTorch GFLOP/s "
+          "| loom GFLOP/s | PyTorch peak RSS | loom peak RSS |")
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for name in a.models.split(","):
         L, NH, C, T, B = SHAPES[name]
         fpt = flops_per_token(L, C, T)
         for dtype in ("fp32", "bf16"):
-            out, pt_rss = run_child([sys.executable, __file__, "--worker", name, str(a.steps), dtype], env)
+            pt_steps = a.steps if dtype == "fp32" else min(a.steps, a.pytorch_bf16_steps)
+            out, pt_rss = run_child([sys.executable, __file__, "--worker", name, str(pt_steps),
+                                     dtype], env)
             pt = json.loads(out.strip().splitlines()[-1])["step_s"]
             run_dir = tempfile.mkdtemp(prefix="loom-bench-")
             shutil.rmtree(run_dir)
@@ -153,14 +162,11 @@ def main():
                 ms = [json.loads(l) for l in f if l.strip()]
             lm = statistics.median(m["step_ms"] for m in ms[1:]) / 1e3
             shutil.rmtree(run_dir)
-            rows.append((name, dtype, B, T, B * T / pt, B * T / lm, fpt * B * T / pt / 1e9,
-                         fpt * B * T / lm / 1e9, pt_rss, loom_rss))
-    print("| model | dtype | B x T | PyTorch tok/s | loom tok/s | loom / PyTorch | PyTorch GFLOP/s "
-          "| loom GFLOP/s | PyTorch peak RSS | loom peak RSS |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} x {r[3]} | {r[4]:.0f} | {r[5]:.0f} | {r[5] / r[4]:.2f}x "
-              f"| {r[6]:.0f} | {r[7]:.0f} | {r[8]:.0f} MiB | {r[9]:.0f} MiB |")
+            r = (name, dtype, B, T, B * T / pt, B * T / lm, fpt * B * T / pt / 1e9,
+                 fpt * B * T / lm / 1e9, pt_rss, loom_rss)
+            print(f"| {r[0]} | {r[1]} | {r[2]} x {r[3]} | {r[4]:.0f} | {r[5]:.0f} | "
+                  f"{r[5] / r[4]:.2f}x | {r[6]:.0f} | {r[7]:.0f} | {r[8]:.0f} MiB | "
+                  f"{r[9]:.0f} MiB |", flush=True)
 
 
 if __name__ == "__main__":
