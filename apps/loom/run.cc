@@ -18,7 +18,6 @@
 #include <fstream>
 #include <thread>
 
-#include "loom/comm/net/socket.h"
 #include "loom/comm/store/tcp_store.h"
 #include "loom/core/error.h"
 #include "loom/core/hmac.h"
@@ -42,6 +41,11 @@ struct Args {
   std::string nnodes, rdzv, rdzv_id, node_addr, token_file, ca, cert, key;
   double last_call = 10, rdzv_timeout = 600;
 };
+
+// `loom train ... --resume` (once): a restarted job continues from its latest checkpoint.
+void add_resume(std::vector<std::string>& argv) {
+  if (std::find(argv.begin(), argv.end(), "--resume") == argv.end()) argv.push_back("--resume");
+}
 
 // The exit code for a failed job: the first failing rank's, 128 + its signal.
 int exit_code(const launch::RankExit& e) {
@@ -138,7 +142,7 @@ int run_machines(const Args& a, launch::LaunchOptions lo, bool is_train) {
     // address the other machines reach us at.
     comm::TcpStoreServer store(self.addr, 0, ro.token);
     self.store_port = store.address().port;
-    self.torch_port = comm::net::local_address(comm::net::listen_on(self.addr, 0).get()).port;
+    self.torch_port = launch::free_port(self.addr);
     const launch::Membership m = rdzv.join(self);
     const launch::NodeInfo& node0 = m.nodes[0];
     std::fprintf(stderr,
@@ -155,9 +159,7 @@ int run_machines(const Args& a, launch::LaunchOptions lo, bool is_train) {
     lo.torch_master = node0.addr + ":" + std::to_string(node0.torch_port);
     // A later round continues the job (a machine admitted then starts from the checkpoint
     // too); a job id used again after it finished starts at round 0.
-    if (is_train && m.round > 0 &&
-        std::find(lo.argv.begin(), lo.argv.end(), "--resume") == lo.argv.end())
-      lo.argv.push_back("--resume");
+    if (is_train && m.round > 0) add_resume(lo.argv);
     // While the ranks run: a change of membership stops them (a machine waiting to join:
     // at a checkpoint, through SIGTERM; anything else at once).
     std::atomic<bool> stop{false}, running{true};
@@ -332,8 +334,7 @@ std::function<int()> add_run_command(CLI::App& app) {
       if (attempt >= a->max_restarts || e.exit_code == 2) return code;
       std::fprintf(stderr, "loom run: restarting from the latest checkpoint (restart %d of %d)\n",
                    attempt + 1, a->max_restarts);
-      if (is_train && std::find(lo.argv.begin(), lo.argv.end(), "--resume") == lo.argv.end())
-        lo.argv.push_back("--resume");
+      if (is_train) add_resume(lo.argv);
     }
   };
 }

@@ -90,12 +90,12 @@ bool pump_output(std::vector<OutputStream>& streams, int timeout_ms) {
   return true;
 }
 
+}  // namespace
+
 int free_port(const std::string& host) {
   comm::net::Fd fd = comm::net::listen_on(host, 0);
   return comm::net::local_address(fd.get()).port;  // closed on return, free until reused
 }
-
-}  // namespace
 
 LaunchResult run_local(const LaunchOptions& opts) {
   std::string token = opts.token, url = opts.store_url, job_id = opts.job_id;

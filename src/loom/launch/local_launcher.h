@@ -72,6 +72,9 @@ struct LaunchResult {
 // name without a slash is looked up in PATH.
 LaunchResult run_local(const LaunchOptions& opts);
 
+// A port on `host` that is free now (bound, read back, closed): for a server a child starts.
+int free_port(const std::string& host);
+
 // Path of the running executable (/proc/self/exe), for re-executing ourselves.
 std::string self_exe();
 

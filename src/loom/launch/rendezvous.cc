@@ -80,8 +80,17 @@ struct Rendezvous::State {
   bool frozen_forged = false;       // the round was frozen by launchers with another token
 };
 
-std::string Rendezvous::sign(const std::string& what) const {
-  return hex(hmac_sha256(opts_.token, what.data(), what.size()));
+std::string Rendezvous::record(const std::string& key, const json& body) const {
+  const std::string what = key + "\n" + body.dump();
+  return json{{"body", body}, {"sig", hex(hmac_sha256(opts_.token, what.data(), what.size()))}}
+      .dump();
+}
+
+std::optional<json> Rendezvous::verified_body(const EtcdKv& kv) const {
+  const json j = json::parse(kv.value, nullptr, false);
+  if (!j.is_object() || !j.contains("body") || !j.contains("sig")) return std::nullopt;
+  if (kv.value != record(kv.key, j["body"])) return std::nullopt;
+  return j["body"];
 }
 
 Rendezvous::Rendezvous(std::string endpoint, EtcdTls tls, RendezvousOptions opts)
@@ -132,15 +141,13 @@ Rendezvous::State Rendezvous::read(int64_t* revision) {
   for (const EtcdKv& kv : kvs) {
     if (kv.key.rfind(rp, 0) != 0) continue;
     const std::string rest = kv.key.substr(rp.size());
-    const json j = json::parse(kv.value, nullptr, false);
-    const bool signed_ok = j.is_object() && j.contains("body") && j.contains("sig") &&
-                           j["sig"] == sign(kv.key + "\n" + j["body"].dump());
-    if (!signed_ok) {
+    const std::optional<json> verified = verified_body(kv);
+    if (!verified) {
       s.forged.push_back(kv.key);
       s.frozen_forged |= rest == "frozen";
       continue;
     }
-    const json& body = j["body"];
+    const json& body = *verified;
     try {
       if (rest.rfind("members/", 0) == 0) {
         s.members.emplace_back(node_of(body), kv.create_revision);
@@ -168,12 +175,6 @@ Membership Rendezvous::join(const NodeInfo& self) {
   double min_at = -1;  // when this round first had MIN members (seconds after start), or -1
   std::set<std::string> warned;
   int64_t joined = -1;  // the round this machine's member key is in
-  auto put_signed = [&](const std::string& key, const json& body, bool create, int64_t lease) {
-    const std::string v = json{{"body", body}, {"sig", sign(key + "\n" + body.dump())}}.dump();
-    if (create) return etcd_.create(key, v, lease);
-    etcd_.put(key, v, lease);
-    return true;
-  };
   for (;;) {
     if (lease_lost_.exchange(false)) lease_ = etcd_.grant(opts_.lease_ttl_s), joined = -1;
     int64_t rev = 0;
@@ -217,13 +218,14 @@ Membership Rendezvous::join(const NodeInfo& self) {
         continue;
       }
       if (!s.waiting.count(self.host))
-        put_signed(rp + "waiting/" + self.host, self.host, false, lease_);
+        etcd_.put(rp + "waiting/" + self.host, record(rp + "waiting/" + self.host, self.host),
+                  lease_);
     } else {
       bool in = false;
       for (const auto& [n, crev] : s.members) in |= n.id == self.id;
       if (!in) {
         const std::string key = rp + "members/" + self.host;
-        if (put_signed(key, node_json(self), true, lease_)) {
+        if (etcd_.create(key, record(key, node_json(self)), lease_)) {
           joined = s.round;
           continue;
         }
@@ -248,7 +250,7 @@ Membership Rendezvous::join(const NodeInfo& self) {
                     [](const auto& a, const auto& b) { return a.first.host < b.first.host; });
           json nodes = json::array();
           for (const auto& [node, crev] : members) nodes.push_back(node_json(node));
-          put_signed(rp + "frozen", json{{"nodes", nodes}}, true, 0);
+          etcd_.create(rp + "frozen", record(rp + "frozen", json{{"nodes", nodes}}));
           continue;
         }
       }
@@ -277,14 +279,12 @@ Change Rendezvous::watch(const Membership& m, double timeout_s) {
     State s = read(&rev);
     if (s.round != m.round) {
       // A failure recorded in the round we ran counts, even after it moved on.
-      if (auto f = etcd_.get(round_prefix(m.round) + "failed")) {
-        const json j = json::parse(f->value, nullptr, false);
-        if (j.is_object() && j.value("sig", "") == sign(f->key + "\n" + j["body"].dump()))
-          return {Change::kJobFailed, j["body"].get<std::string>()};
-      }
+      if (auto f = etcd_.get(round_prefix(m.round) + "failed"))
+        if (auto why = verified_body(*f); why && why->is_string())
+          return {Change::kJobFailed, why->get<std::string>()};
       // Moved on to admit a machine waiting in our round (its ranks stopped at a checkpoint).
       for (const EtcdKv& w : etcd_.get_prefix(round_prefix(m.round) + "waiting/"))
-        return {Change::kJoinerWaiting, w.key.substr(w.key.rfind('/') + 1)};
+        if (verified_body(w)) return {Change::kJoinerWaiting, w.key.substr(w.key.rfind('/') + 1)};
       return {Change::kRoundMoved, "round " + std::to_string(s.round)};
     }
     if (s.failed) return {Change::kJobFailed, *s.failed};
@@ -303,15 +303,13 @@ void Rendezvous::next_round(const Membership& m) {
 
 void Rendezvous::fail(const Membership& m, const std::string& why) {
   const std::string key = round_prefix(m.round) + "failed";
-  const json body = why;
-  etcd_.create(key, json{{"body", body}, {"sig", sign(key + "\n" + body.dump())}}.dump());
+  etcd_.create(key, record(key, why));
 }
 
 void Rendezvous::finish(const Membership& m, double timeout_s) {
   const NodeInfo& self = m.nodes[m.node_rank];
   const std::string key = round_prefix(m.round) + "done/" + self.host;
-  const json body = self.host;
-  etcd_.put(key, json{{"body", body}, {"sig", sign(key + "\n" + body.dump())}}.dump());
+  etcd_.put(key, record(key, self.host));
   if (m.node_rank != 0) return;
   const auto start = Clock::now();
   while (since(start) < timeout_s) {

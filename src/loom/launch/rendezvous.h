@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -93,7 +94,10 @@ class Rendezvous {
   State read(int64_t* revision);
   std::string prefix() const { return "/loom/" + opts_.job + "/"; }
   std::string round_prefix(int64_t r) const { return prefix() + "r" + std::to_string(r) + "/"; }
-  std::string sign(const std::string& what) const;
+  // A record as stored: {"body": body, "sig": HMAC under the token of key "\n" body}.
+  std::string record(const std::string& key, const nlohmann::json& body) const;
+  // The body of a record signed with this job's token under its own key; nullopt if not.
+  std::optional<nlohmann::json> verified_body(const EtcdKv& kv) const;
   void keepalive_loop();
 
   Etcd etcd_;
