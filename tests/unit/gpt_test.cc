@@ -184,6 +184,29 @@ TEST(Gpt, Bf16ComputeIsCloseToFp32) {
   EXPECT_NEAR(bf16, f32, 1e-2 * f32);
 }
 
+// The bf16 copies of the weights (made once per forward, read by the forward's and the
+// backward's products) hold exactly the bits each product rounded before: the same loss
+// and gradients bit for bit, with recompute too, and after the parameters change between
+// steps (an optimizer update: the next forward rounds them again).
+TEST(Gpt, Bf16WeightCopiesChangeNoBit) {
+  if (!kernels::cpu::native_bf16()) GTEST_SKIP() << "no native bf16 products on this CPU";
+  auto fx = fixture();
+  Gpt with(config_of(fx["config"])), without(config_of(fx["config"]));
+  without.set_bf16_weight_copies(false);
+  for (Gpt* m : {&with, &without}) {
+    load(*m, fx["params"]);
+    m->set_precision(kernels::cpu::Precision::kBF16);
+    m->set_recompute_every(2);
+  }
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_EQ(step_of(with, fx), step_of(without, fx)) << "step " << step;
+    for (size_t i = 0; i < with.num_params(); ++i)
+      ASSERT_EQ(with.grads()[i], without.grads()[i]) << "step " << step << " at " << i;
+    for (Gpt* m : {&with, &without})  // plain SGD: every weight changes
+      for (size_t i = 0; i < m->num_params(); ++i) m->params()[i] -= 0.5f * m->grads()[i];
+  }
+}
+
 // ---- runs of units (pipeline stages), split backward, microbatches in flight ----
 
 // One step of the fixture batch as runs of units (a pipeline's stages in one process: each

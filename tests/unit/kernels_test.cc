@@ -245,6 +245,9 @@ TEST(Kernels, EncoderAndResidualBackward) {
   }
 }
 
+// The fused softmax + cross-entropy: losses against the formula in double, dlogits against
+// finite differences of the loss, padding ignored and given zero gradient, and the bf16 copy
+// written in the same pass equal to the rounding of the fp32 gradient.
 TEST(Kernels, SoftmaxCrossEntropyWithPaddedVocabulary) {
   const int N = 4, V = 10, Vp = 16;
   auto logits = randn(N * Vp, 18, 2.0f);
@@ -252,23 +255,31 @@ TEST(Kernels, SoftmaxCrossEntropyWithPaddedVocabulary) {
   for (int n = 0; n < N; ++n)
     for (int i = V; i < Vp; ++i) logits[n * Vp + i] = 100.0f;  // padding must not matter
   std::vector<int> targets{0, 3, 9, 5};
-  std::vector<float> probs(N * Vp), losses(N);
+  std::vector<float> losses(N), mx(N), sum(N);
   auto loss = [&] {
-    softmax_forward(probs.data(), logits.data(), N, V, Vp);
-    crossentropy_forward(losses.data(), probs.data(), targets.data(), N, Vp);
-    double sum = 0;
-    for (float x : losses) sum += x;
-    return dl * sum;
+    crossentropy_forward(losses.data(), mx.data(), sum.data(), logits.data(), targets.data(), N, V,
+                         Vp);
+    double total = 0;
+    for (float x : losses) total += x;
+    return dl * total;
   };
   loss();
   for (int n = 0; n < N; ++n) {
     double s = 0;
-    for (int i = 0; i < V; ++i) s += probs[n * Vp + i];
-    EXPECT_NEAR(s, 1.0, 1e-5);
-    for (int i = V; i < Vp; ++i) EXPECT_EQ(probs[n * Vp + i], 0.0f);
+    for (int i = 0; i < V; ++i) s += std::exp(static_cast<double>(logits[n * Vp + i]));
+    const double want = std::log(s) - logits[n * Vp + targets[n]];
+    EXPECT_NEAR(losses[n], want, 1e-5 * std::fabs(want) + 1e-6) << "row " << n;
   }
-  std::vector<float> dlogits = probs;
-  crossentropy_softmax_backward_inplace(dlogits.data(), dl, targets.data(), N, V, Vp);
+  std::vector<float> dlogits = logits, again = logits;
+  std::vector<uint16_t> d16(N * Vp, 0xffff);
+  crossentropy_backward_inplace(dlogits.data(), nullptr, mx.data(), sum.data(), dl, targets.data(),
+                                N, V, Vp);
+  crossentropy_backward_inplace(again.data(), d16.data(), mx.data(), sum.data(), dl, targets.data(),
+                                N, V, Vp);
+  for (int i = 0; i < N * Vp; ++i) {
+    ASSERT_EQ(again[i], dlogits[i]) << i;
+    ASSERT_EQ(d16[i], f32_to_bf16(dlogits[i])) << i;
+  }
   for (int n = 0; n < N; ++n)
     for (int i = V; i < Vp; ++i) EXPECT_EQ(dlogits[n * Vp + i], 0.0f);
   EXPECT_LT(grad_error(logits, dlogits, loss, 1e-2f, N * Vp), kTol);

@@ -178,11 +178,11 @@ TEST(VocabParallelLoss, MatchesOneProcessWithExactlyThreeAllreduces) {
   for (auto& x : logits) x = d(rng);
   std::vector<int> targets = {0, 999, 511, 512, 255, 768, 3};
   // One process: softmax over the real vocabulary, loss, fused backward.
-  std::vector<float> probs = logits, losses(N);
-  kernels::cpu::softmax_forward(probs.data(), logits.data(), N, V, Vp);
-  kernels::cpu::crossentropy_forward(losses.data(), probs.data(), targets.data(), N, Vp);
-  kernels::cpu::crossentropy_softmax_backward_inplace(probs.data(), 0.25f, targets.data(), N, V,
-                                                      Vp);
+  std::vector<float> probs = logits, losses(N), row_max(N), row_sum(N);
+  kernels::cpu::crossentropy_forward(losses.data(), row_max.data(), row_sum.data(), logits.data(),
+                                     targets.data(), N, V, Vp);
+  kernels::cpu::crossentropy_backward_inplace(probs.data(), nullptr, row_max.data(), row_sum.data(),
+                                              0.25f, targets.data(), N, V, Vp);
   for (int t : {2, 4}) {
     run_ranks(t, Layout::kShm, "vploss" + std::to_string(t), [&](comm::Communicator& c) {
       parallel::TensorParallel tp(c.shared_from_this());

@@ -163,6 +163,22 @@ void Gpt::bind_unit(int u, float* params, float* grads) {
   unit_grads_[u] = grads;
 }
 
+void Gpt::round_unit(int u) {
+  if (!bf16_copies_ || !gemm_.reads_bf16() || !unit_params_[u]) return;
+  if (unit16_.empty()) unit16_.resize(units_.size()), unit16_from_.assign(units_.size(), nullptr);
+  const auto [begin, end] = units_[u];
+  unit16_[u].resize(end - begin);
+  k::round_to_bf16(unit16_[u].data(), unit_params_[u], static_cast<int64_t>(end - begin));
+  unit16_from_[u] = unit_params_[u];
+}
+
+const uint16_t* Gpt::p16(int unit, size_t offset) const {
+  if (unit16_.empty() || !unit16_from_[unit] || unit16_from_[unit] != unit_params_[unit] ||
+      !gemm_.reads_bf16())
+    return nullptr;
+  return unit16_[unit].data() + offset;
+}
+
 void Gpt::init(uint64_t seed) {
   LOOM_CHECK(!params_.empty());
   init_params(seed, 0, total_, params_.data());
@@ -306,7 +322,8 @@ void Gpt::prepare(Activations& a, int first, int last, int B, int T) const {
     a.lnf_all.assign(sp_ ? N * C : 0, 0);
     a.logits.assign(N * Vl_, 0);
     a.losses.assign(N, 0);
-    for (auto* v : {&a.loss_max, &a.loss_sum, &a.loss_target}) v->assign(tp_ > 1 ? N : 0, 0);
+    for (auto* v : {&a.loss_max, &a.loss_sum}) v->assign(N, 0);
+    a.loss_target.assign(tp_ > 1 ? N : 0, 0);
   }
   if (first > 0) a.input_grad.assign(R * C, 0);
 }
@@ -347,14 +364,14 @@ const float* Gpt::reduce_input_grad(float* partial) {
 // out (N,C) = inp (N,K) @ w (C,K)^T + bias: a row-parallel linear followed by g. Each rank's
 // product over its K columns is partial; the group's sum (allreduce, or reduce-scatter to
 // this rank's rows) gets the bias once. Returns the (R,C) result.
-const float* Gpt::row_parallel_linear(float* partial, const float* inp, const float* w,
-                                      const float* bias, int K) {
+const float* Gpt::row_parallel_linear(float* partial, const float* inp, Weight w, const float* bias,
+                                      int K) {
   const int C = cfg_.n_embd;
   if (tp_ == 1) {
-    k::matmul_forward(gemm_, partial, inp, w, bias, N_, K, C);
+    k::matmul_forward(gemm_, partial, inp, w.f32, bias, N_, K, C, w.bf16);
     return partial;
   }
-  k::matmul_forward(gemm_, partial, inp, w, nullptr, N_, K, C);
+  k::matmul_forward(gemm_, partial, inp, w.f32, nullptr, N_, K, C, w.bf16);
   float* out = partial;
   if (sp_) {
     out = proj_rows_.data();
@@ -394,13 +411,13 @@ void Gpt::layernorm_backward_rows(BackwardPart part, float* dx, float* dw, float
 }
 
 void Gpt::linear_backward(BackwardPart part, float* dinp, float* dw, float* db, const float* dout,
-                          const float* inp, const float* w, int N, int C, int OC,
-                          std::vector<float>* keep) {
+                          const float* inp, Weight w, int N, int C, int OC,
+                          std::vector<float>* keep, const uint16_t* dout16) {
   if (part == BackwardPart::kWhole) {
-    k::matmul_backward(gemm_, dinp, dw, db, dout, inp, w, N, C, OC);
+    k::matmul_backward(gemm_, dinp, dw, db, dout, inp, w.f32, N, C, OC, w.bf16, dout16);
     return;
   }
-  k::matmul_backward_input(gemm_, dinp, dout, w, N, C, OC);
+  k::matmul_backward_input(gemm_, dinp, dout, w.f32, N, C, OC, w.bf16, dout16);
   if (keep) keep->assign(dout, dout + static_cast<size_t>(N) * OC);  // else dout stays put
 }
 
@@ -414,18 +431,20 @@ void Gpt::block_forward(int l, BlockActs& a, const float* in, float* out) {
   k::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), in, p(u, o[kLn1w]),
                        p(u, o[kLn1b]), R, C);
   const float* x = gather_rows(a.ln1.data(), gathered_.data());
-  k::matmul_forward(gemm_, a.qkv.data(), x, p(u, o[kQkvw]), p(u, o[kQkvb]), N, C, 3 * Cl);
+  k::matmul_forward(gemm_, a.qkv.data(), x, p(u, o[kQkvw]), p(u, o[kQkvb]), N, C, 3 * Cl,
+                    p16(u, o[kQkvw]));
   k::attention_forward(gemm_, a.atty.data(), a.att.data(), a.qkv.data(), B, T, Cl, NHl_);
   const float* y =
-      row_parallel_linear(proj_.data(), a.atty.data(), p(u, o[kProjw]), p(u, o[kProjb]), Cl);
+      row_parallel_linear(proj_.data(), a.atty.data(), weight(u, o[kProjw]), p(u, o[kProjb]), Cl);
   k::residual_forward(a.res2.data(), in, y, rc);
   k::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(),
                        p(u, o[kLn2w]), p(u, o[kLn2b]), R, C);
   x = gather_rows(a.ln2.data(), gathered_.data());
-  k::matmul_forward(gemm_, a.fch.data(), x, p(u, o[kFcw]), p(u, o[kFcb]), N, C, 4 * Cl);
+  k::matmul_forward(gemm_, a.fch.data(), x, p(u, o[kFcw]), p(u, o[kFcb]), N, C, 4 * Cl,
+                    p16(u, o[kFcw]));
   k::gelu_forward(a.fch_gelu.data(), a.fch.data(), static_cast<size_t>(N) * 4 * Cl);
-  y = row_parallel_linear(proj_.data(), a.fch_gelu.data(), p(u, o[kFcProjw]), p(u, o[kFcProjb]),
-                          4 * Cl);
+  y = row_parallel_linear(proj_.data(), a.fch_gelu.data(), weight(u, o[kFcProjw]),
+                          p(u, o[kFcProjb]), 4 * Cl);
   k::residual_forward(out, a.res2.data(), y, rc);
 }
 
@@ -446,12 +465,13 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
   // out = res2 + fcproj(gelu(fc(ln2(res2))))
   const float* dout = gather_rows(dx, d_all_.data());
   linear_backward(part, d_fch_gelu_.data(), g(u, o[kFcProjw]), g(u, o[kFcProjb]), dout,
-                  a.fch_gelu.data(), p(u, o[kFcProjw]), N, 4 * Cl, C, kept(&BlockGrads::mlp_out));
+                  a.fch_gelu.data(), weight(u, o[kFcProjw]), N, 4 * Cl, C,
+                  kept(&BlockGrads::mlp_out));
   k::gelu_backward(d_fch_.data(), a.fch.data(), d_fch_gelu_.data(),
                    static_cast<size_t>(N) * 4 * Cl);
   const float* x = whole ? gather_rows(a.ln2.data(), gathered_.data()) : nullptr;
   linear_backward(part, d_ln2_.data(), g(u, o[kFcw]), g(u, o[kFcb]), d_fch_.data(), x,
-                  p(u, o[kFcw]), N, C, 4 * Cl, kept(&BlockGrads::fch));
+                  weight(u, o[kFcw]), N, C, 4 * Cl, kept(&BlockGrads::fch));
   const float* dln = reduce_input_grad(d_ln2_.data());
   layernorm_backward_rows(part, dx, g(u, o[kLn2w]), g(u, o[kLn2b]), dln, a.res2.data(),
                           p(u, o[kLn2w]), a.ln2_mean.data(), a.ln2_rstd.data());
@@ -459,12 +479,12 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
   // res2 = in + attproj(attention(qkv(ln1(in))))
   dout = gather_rows(dx, d_all_.data());
   linear_backward(part, d_atty_.data(), g(u, o[kProjw]), g(u, o[kProjb]), dout, a.atty.data(),
-                  p(u, o[kProjw]), N, Cl, C, kept(&BlockGrads::attn_out));
+                  weight(u, o[kProjw]), N, Cl, C, kept(&BlockGrads::attn_out));
   k::attention_backward(gemm_, d_qkv_.data(), d_att_.data(), d_atty_.data(), a.qkv.data(),
                         a.att.data(), B, T, Cl, NHl_);
   x = whole ? gather_rows(a.ln1.data(), gathered_.data()) : nullptr;
   linear_backward(part, d_ln1_.data(), g(u, o[kQkvw]), g(u, o[kQkvb]), d_qkv_.data(), x,
-                  p(u, o[kQkvw]), N, C, 3 * Cl, kept(&BlockGrads::qkv));
+                  weight(u, o[kQkvw]), N, C, 3 * Cl, kept(&BlockGrads::qkv));
   dln = reduce_input_grad(d_ln1_.data());
   layernorm_backward_rows(part, dx, g(u, o[kLn1w]), g(u, o[kLn1b]), dln, in, p(u, o[kLn1w]),
                           a.ln1_mean.data(), a.ln1_rstd.data());
@@ -526,16 +546,17 @@ void Gpt::embed_weight_grads(const int* tokens, const float* dx) {
   k::position_backward(g(0, tensors_[1].offset), dout, 0, N_, T_, C);
 }
 
-// Mean cross-entropy of the logits; the logits become probabilities in place.
+// Mean cross-entropy of the logits (kept as they are without tensor parallelism; the
+// vocab-parallel loss turns its shard into probabilities in place).
 float Gpt::loss_forward(Activations& a) {
-  float* probs = a.logits.data();
+  const float* logits = a.logits.data();
   const int* targets = a.targets.data();
   if (tp_ == 1) {
-    k::softmax_forward(probs, probs, N_, cfg_.vocab_size, cfg_.padded_vocab_size);
-    k::crossentropy_forward(a.losses.data(), probs, targets, N_, cfg_.padded_vocab_size);
+    k::crossentropy_forward(a.losses.data(), a.loss_max.data(), a.loss_sum.data(), logits, targets,
+                            N_, cfg_.vocab_size, cfg_.padded_vocab_size);
   } else {
     VocabShard shard{vocab_begin_, Vl_, vocab_valid_};
-    vocab_parallel_cross_entropy(*tp_comm_, probs, a.losses.data(), targets, N_, shard,
+    vocab_parallel_cross_entropy(*tp_comm_, a.logits.data(), a.losses.data(), targets, N_, shard,
                                  {a.loss_max.data(), a.loss_sum.data(), a.loss_target.data()});
   }
   double sum = 0;
@@ -597,6 +618,7 @@ float Gpt::forward_units(Activations& a, int first, int last, const int* tokens,
   const int fb = first_block(a);
   for (int l = fb; l <= last_block(a); ++l) {
     use(l + 1);
+    round_unit(l + 1);
     block_forward(l, acts_of(a, l), a.resid[l - fb].data(), a.resid[l - fb + 1].data());
     done(l + 1);
   }
@@ -608,7 +630,8 @@ float Gpt::forward_units(Activations& a, int first, int last, const int* tokens,
   // The tied head is column-parallel over the vocabulary: f before it.
   const float* x = gather_rows(a.lnf.data(), a.lnf_all.data());
   use(0, true);
-  k::matmul_forward(gemm_, a.logits.data(), x, p(0, 0), nullptr, N_, C, Vl_);
+  round_unit(0);
+  k::matmul_forward(gemm_, a.logits.data(), x, p(0, 0), nullptr, N_, C, Vl_, p16(0, 0));
   done(0);
   return with_loss ? loss_forward(a) : 0;
 }
@@ -653,18 +676,25 @@ void Gpt::backward_units(Activations& a, float scale, const float* dout, Backwar
   }
   if (a.last == head) {
     LOOM_CHECK_MSG(a.have_targets, "backward needs a forward with targets");
-    a.have_targets = false;  // the probabilities are consumed in place below
+    a.have_targets = false;  // the logits become their gradient in place below
     const float dloss = scale / static_cast<float>(N_);
-    if (tp_ == 1)
-      k::crossentropy_softmax_backward_inplace(a.logits.data(), dloss, a.targets.data(), N_,
-                                               cfg_.vocab_size, cfg_.padded_vocab_size);
-    else
+    // Without tensor parallelism the loss's backward also writes the bf16 copy of dlogits
+    // that the head's two bf16 products read (null in fp32).
+    uint16_t* dlogits16 = nullptr;
+    if (tp_ == 1) {
+      dlogits16 = gemm_.staging_bf16(static_cast<int64_t>(N_) * Vl_);
+      k::crossentropy_backward_inplace(a.logits.data(), dlogits16, a.loss_max.data(),
+                                       a.loss_sum.data(), dloss, a.targets.data(), N_,
+                                       cfg_.vocab_size, cfg_.padded_vocab_size);
+    } else {
       vocab_parallel_cross_entropy_backward(a.logits.data(), dloss, a.targets.data(), N_,
                                             {vocab_begin_, Vl_, vocab_valid_});
+    }
     std::fill(d_lnf_.begin(), d_lnf_.end(), 0.0f);
     use(0, true);
     linear_backward(part, d_lnf_.data(), g(0, 0), nullptr, a.logits.data(),
-                    sp_ ? a.lnf_all.data() : a.lnf.data(), p(0, 0), N_, C, Vl_, nullptr);
+                    sp_ ? a.lnf_all.data() : a.lnf.data(), weight(0, 0), N_, C, Vl_, nullptr,
+                    dlogits16);
     done(0);
     if (whole && a.first > 0) ready(0);
     std::fill(dx_.begin(), dx_.end(), 0.0f);

@@ -28,8 +28,8 @@
 // gelu(fch) and the LayerNorm statistics) unless it is recomputed, in which case it keeps
 // only its input on the residual stream and backward runs its forward again into one
 // shared block's worth of buffers. Gradients of activations use one block's worth of
-// scratch, whatever the depth. The logits buffer is turned into probabilities and then
-// into logit gradients in place.
+// scratch, whatever the depth. The logits buffer is turned into logit gradients in place
+// (through probabilities, under tensor parallelism).
 #pragma once
 
 #include <algorithm>
@@ -183,6 +183,12 @@ class Gpt {
   // 0, k, 2k, ... (1 = all).
   void set_recompute_every(int k) { recompute_every_ = k; }
   void set_precision(kernels::cpu::Precision p) { gemm_.set_precision(p); }
+  // Under native bf16 products the model keeps a bf16 copy of each unit's parameters, made
+  // when the unit's forward starts and read by that forward's products and by its
+  // backward's (which runs on the same parameters): one rounding of a weight per forward
+  // instead of one per product. Costs 2 bytes per parameter of the units between forward
+  // and backward: off under ZeRO-3, whose point is not to hold every unit.
+  void set_bf16_weight_copies(bool on) { bf16_copies_ = on; }
 
   // GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0,
   // LayerNorm weights 1, padded vocabulary rows 0. Every value is a pure function of (seed,
@@ -241,14 +247,22 @@ class Gpt {
                       BlockGrads* keep);
   void block_weight_grads(int l, BlockActs& a, const float* in, const BlockGrads& kept);
   // A linear's backward: whole, or the input gradient with dout kept for the weights.
+  // A weight matrix for a product: its fp32 values and, where made, its bf16 copy.
+  struct Weight {
+    const float* f32;
+    const uint16_t* bf16;
+  };
+  Weight weight(int unit, size_t offset) const { return {p(unit, offset), p16(unit, offset)}; }
+  const uint16_t* p16(int unit, size_t offset) const;
+  void round_unit(int u);  // makes unit u's bf16 copy (when bf16 copies are on)
   void linear_backward(BackwardPart part, float* dinp, float* dw, float* db, const float* dout,
-                       const float* inp, const float* w, int N, int C, int OC,
-                       std::vector<float>* keep);
+                       const float* inp, Weight w, int N, int C, int OC, std::vector<float>* keep,
+                       const uint16_t* dout16 = nullptr);
   // The tensor-parallel edges (model/tp_comm.h); identities without tensor parallelism.
   const float* gather_rows(const float* rows, float* all);  // f forward / g backward
   const float* reduce_input_grad(float* partial);           // f backward
-  const float* row_parallel_linear(float* partial, const float* inp, const float* w,
-                                   const float* bias, int K);  // linear + g forward
+  const float* row_parallel_linear(float* partial, const float* inp, Weight w, const float* bias,
+                                   int K);  // linear + g forward
   // LayerNorm over the R rows: the input gradient and/or the weight gradients (completed
   // over the tp group under sequence parallelism).
   void layernorm_backward_rows(BackwardPart part, float* dx, float* dw, float* db,
@@ -296,6 +310,11 @@ class Gpt {
   UnitHooks* hooks_ = nullptr;
   int recompute_every_ = 0;
   kernels::cpu::Gemm gemm_;
+  bool bf16_copies_ = true;
+  // Per unit: its bf16 copy and the fp32 buffer it was made from (a copy is read only
+  // while the unit is still bound to that buffer).
+  std::vector<std::vector<uint16_t, StateAllocator<uint16_t>>> unit16_;
+  std::vector<const float*> unit16_from_;
 
   Activations acts_;          // forward() / backward()'s
   BlockActs recompute_acts_;  // a recomputed block's activations, during its backward

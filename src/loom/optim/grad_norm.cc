@@ -12,8 +12,9 @@ double sum_of_squares(const float* x, size_t n) {
 #pragma omp parallel for schedule(static)
   for (size_t b = 0; b < blocks; ++b) {
     double s = 0;
-    for (size_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i)
-      s += static_cast<double>(x[i]) * x[i];
+    const size_t end = std::min(n, (b + 1) * kBlock);
+#pragma omp simd reduction(+ : s)
+    for (size_t i = b * kBlock; i < end; ++i) s += static_cast<double>(x[i]) * x[i];
     partial[b] = s;
   }
   double s = 0;

@@ -110,6 +110,8 @@ DataParallel::DataParallel(model::Gpt& model, DpGroups groups, DpOptions o)
       model_.bind_unit(u, nullptr, nullptr);
   }
   model_.set_hooks(this);
+  // ZeRO-3 gathers a unit for each use and frees it after: no bf16 copy of every unit.
+  model_.set_bf16_weight_copies(opt_.zero < 3);
 }
 
 DataParallel::~DataParallel() {

@@ -39,9 +39,7 @@ memory::desc describe(const GemmShape& s, const MatrixView& v, int64_t rows, int
 
 void to_bf16(std::vector<uint16_t>& out, const float* in, int64_t n) {
   if (static_cast<int64_t>(out.size()) < n) out.resize(n);
-  uint16_t* o = out.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(in[i]);
+  round_to_bf16(out.data(), in, n);
 }
 // Operands rounded to bf16 and kept as floats: what a bf16 product reads, for the fp32
 // primitive (CPUs without bf16 instructions).
@@ -53,6 +51,11 @@ void round_bf16(std::vector<float>& out, const float* in, int64_t n) {
 }
 
 }  // namespace
+
+void round_to_bf16(uint16_t* out, const float* x, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(x[i]);
+}
 
 bool native_bf16() {
   static const bool ok = [] {
@@ -73,15 +76,31 @@ struct Gemm::Impl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<std::array<int64_t, 20>, dnnl::matmul> cache;
-  std::vector<uint16_t> a16, b16;
+  std::vector<uint16_t> a16, b16, staged;
   std::vector<float> a32, b32;  // rounded operands (bf16 without native support)
 };
 
 Gemm::Gemm(Precision precision) : impl_(std::make_unique<Impl>()), precision_(precision) {}
 Gemm::~Gemm() = default;
 
+bool Gemm::reads_bf16() const {
+  return precision_ == Precision::kBF16 && native_bf16();
+}
+
+uint16_t* Gemm::staging_bf16(int64_t n) {
+  if (!reads_bf16()) return nullptr;
+  if (static_cast<int64_t>(impl_->staged.size()) < n) impl_->staged.resize(n);
+  return impl_->staged.data();
+}
+
+const uint16_t* Gemm::stage_bf16(const float* x, int64_t n) {
+  uint16_t* out = staging_bf16(n);
+  if (out) round_to_bf16(out, x, n);
+  return out;
+}
+
 void Gemm::run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, float alpha,
-               bool accumulate, bool allow_bf16) {
+               bool accumulate) {
   if (s.M == 0 || s.N == 0 || s.batch0 == 0 || s.batch1 == 0) return;
   LOOM_CHECK_LT(0, s.K);
   // The timeline shows products of at least LOOM_TRACE_GEMM_MFLOP (their name the shape).
@@ -95,7 +114,7 @@ void Gemm::run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, flo
   }
   // bf16: the library's bf16 product where the CPU has one; otherwise the same numbers (bf16
   // operands, fp32 accumulation) from the fp32 product over operands rounded to bf16.
-  const bool rounded = allow_bf16 && precision_ == Precision::kBF16;
+  const bool rounded = precision_ == Precision::kBF16;
   const bool bf16 = rounded && native_bf16();
   const memory::data_type in_t = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   memory::desc ad = describe(s, a, s.M, s.K, in_t), bd = describe(s, b, s.K, s.N, in_t),
@@ -121,10 +140,18 @@ void Gemm::run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, flo
   void* ap = const_cast<float*>(a.data);
   void* bp = const_cast<float*>(b.data);
   if (bf16) {
-    to_bf16(impl_->a16, a.data, span(s, a, s.M, s.K));
-    to_bf16(impl_->b16, b.data, span(s, b, s.K, s.N));
-    ap = impl_->a16.data();
-    bp = impl_->b16.data();
+    if (a.bf16) {
+      ap = const_cast<uint16_t*>(a.bf16);
+    } else {
+      to_bf16(impl_->a16, a.data, span(s, a, s.M, s.K));
+      ap = impl_->a16.data();
+    }
+    if (b.bf16) {
+      bp = const_cast<uint16_t*>(b.bf16);
+    } else {
+      to_bf16(impl_->b16, b.data, span(s, b, s.K, s.N));
+      bp = impl_->b16.data();
+    }
   } else if (rounded) {
     round_bf16(impl_->a32, a.data, span(s, a, s.M, s.K));
     round_bf16(impl_->b32, b.data, span(s, b, s.K, s.N));

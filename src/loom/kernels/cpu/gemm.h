@@ -6,9 +6,10 @@
 //
 // A Gemm object owns the engine, a cache of primitives keyed by shape, strides and mode,
 // and the bf16 staging buffers; one per model (it is not thread-safe). In bf16 mode the
-// operands are rounded to bf16 (round to nearest even) just before the product and the
-// product accumulates in fp32 into an fp32 result — the same numerics as PyTorch's CPU
-// autocast. Products marked fp32-only (attention) ignore the mode.
+// operands are rounded to bf16 (round to nearest even) and the product accumulates in fp32
+// into an fp32 result — the same numerics as PyTorch's CPU autocast. An operand is rounded
+// just before the product unless the caller hands its bf16 copy along (MatrixView::bf16: a
+// weight's copy made once per forward, an output gradient read by two products).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,9 @@ struct MatrixView {
   const float* data;
   int64_t row_stride, col_stride;
   int64_t batch0 = 0, batch1 = 0;
+  // The same elements already rounded to bf16, at the same offsets; a native bf16 product
+  // reads them instead of rounding `data` again. Null: rounded before the product.
+  const uint16_t* bf16 = nullptr;
 };
 
 struct GemmShape {
@@ -44,7 +48,16 @@ class Gemm {
   // c (M,N) = alpha * a (M,K) @ b (K,N), plus the old c when accumulate; for every batch.
   // c's view must not overlap a or b.
   void run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, float alpha,
-           bool accumulate, bool allow_bf16 = true);
+           bool accumulate);
+
+  // Whether products read bf16 operands (native bf16 mode): then an operand's bf16 copy,
+  // where the caller has one, saves rounding it again.
+  bool reads_bf16() const;
+  // x (n elements) rounded to bf16 in a buffer of this Gemm's, valid until the next call:
+  // for an operand two products read. Null unless reads_bf16().
+  const uint16_t* stage_bf16(const float* x, int64_t n);
+  // That buffer with room for n elements, for a kernel that writes the rounding itself.
+  uint16_t* staging_bf16(int64_t n);
 
  private:
   struct Impl;
@@ -56,6 +69,9 @@ class Gemm {
 // emulation). Without it Precision::kBF16 rounds the operands to bf16 and runs the fp32
 // product: the same numbers (bf16 operands, fp32 accumulation), none of the speed.
 bool native_bf16();
+
+// out[i] = x[i] rounded to bf16 (round to nearest even), on the calling thread team.
+void round_to_bf16(uint16_t* out, const float* x, int64_t n);
 
 // The MFU denominator: the best of 10 square 1024^3 products in `p` on the calling thread
 // team (the library's best case at this machine's clocks and this process's threads).

@@ -49,15 +49,21 @@ void layernorm_backward_weight(float* dweight, float* dbias, const float* dout, 
 
 // out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (OC); bias may be null. The products run
 // through `gemm` (oneDNN), in its precision (fp32, or bf16 operands with fp32 accumulation).
+// weight16, where given, is the weight already rounded to bf16 (read by bf16 products
+// instead of rounding it again); dout16 likewise for dout, which the backward otherwise
+// rounds once for both of its products.
 void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weight,
-                    const float* bias, int N, int C, int OC);
+                    const float* bias, int N, int C, int OC, const uint16_t* weight16 = nullptr);
 void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int C, int OC);
+                     const float* inp, const float* weight, int N, int C, int OC,
+                     const uint16_t* weight16 = nullptr, const uint16_t* dout16 = nullptr);
 // Its two halves (input gradient; weight and bias gradients), the same products.
 void matmul_backward_input(Gemm& gemm, float* dinp, const float* dout, const float* weight, int N,
-                           int C, int OC);
+                           int C, int OC, const uint16_t* weight16 = nullptr,
+                           const uint16_t* dout16 = nullptr);
 void matmul_backward_weight(Gemm& gemm, float* dweight, float* dbias, const float* dout,
-                            const float* inp, int N, int C, int OC);
+                            const float* inp, int N, int C, int OC,
+                            const uint16_t* dout16 = nullptr);
 // The forward on a few rows (R up to ~16; generation) with bf16 weights (raw bits, widened
 // in registers; half the bytes of fp32 to read), fp32 products and sums.
 void matmul_forward_rows_bf16(float* out, const float* inp, const uint16_t* weight,
@@ -86,16 +92,18 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 void residual_forward(float* out, const float* a, const float* b, size_t n);
 void residual_backward(float* da, float* db, const float* dout, size_t n);
 
-// probs (N,Vp) = softmax over the first V logits (padded entries get 0);
-// losses (N) = -log probs[target].
-void softmax_forward(float* probs, const float* logits, int N, int V, int Vp);
-void crossentropy_forward(float* losses, const float* probs, const int* targets, int N, int Vp);
-// The fused softmax + cross-entropy backward for a loss that weighs every position by dloss
-// (the mean: 1/N), in place, the one exception to the += rule: probs becomes
-// dlogits = (probs - onehot(target)) * dloss; padded entries stay 0. The logits buffer can
-// thus hold logits, probabilities and their gradient in turn.
-void crossentropy_softmax_backward_inplace(float* probs, float dloss, const int* targets, int N,
-                                           int V, int Vp);
+// Softmax + cross-entropy over the first V of Vp logit columns (the padding ignored), fused:
+// losses (N) = log(sum_i e^(l_i - max)) + max - l[target], keeping each row's max and that
+// sum (N each) for the backward. The logits are only read.
+void crossentropy_forward(float* losses, float* row_max, float* row_sum, const float* logits,
+                          const int* targets, int N, int V, int Vp);
+// Its backward for a loss that weighs every position by dloss (the mean: 1/N), in place, the
+// one exception to the += rule: logits become dlogits = (softmax - onehot(target)) * dloss
+// (padded entries 0) in one pass from the forward's row max and sum; with dlogits16 (N,Vp)
+// also their bf16 rounding, for the head's bf16 products.
+void crossentropy_backward_inplace(float* logits, uint16_t* dlogits16, const float* row_max,
+                                   const float* row_sum, float dloss, const int* targets, int N,
+                                   int V, int Vp);
 
 // The local parts of a vocab-parallel softmax + cross-entropy: logits (N,Vl) hold columns
 // [vbegin, vbegin + Vl) of the (N,Vp) logits, the first `valid` of them real vocabulary

@@ -1,31 +1,16 @@
-// Softmax over the real vocabulary (padded logits excluded) and cross-entropy.
-// Fused backward, in place: dlogits = (probs - onehot(target)) * dloss.
+// Softmax over the real vocabulary (padded logits excluded) and cross-entropy, fused: the
+// forward reads the logits (keeping each row's max and sum of exponentials), the backward
+// turns them into dlogits = (softmax - onehot(target)) * dloss in place in one pass, with
+// the bf16 copy the head's bf16 products read written in the same pass.
 #include <cmath>
 
+#include "loom/core/dtype.h"
 #include "loom/kernels/cpu/kernels.h"
 #include "loom/kernels/cpu/vecmath.h"
 
 namespace loom::kernels::cpu {
 
 namespace {
-// One row: probs[i] = e^(l[i] - max) / sum over the first V entries; padding gets 0.
-// In place is allowed (probs == logits).
-LOOM_VECTOR_CLONES void softmax_row(float* p, const float* l, int V, int Vp) {
-  float maxv = -INFINITY;
-#pragma omp simd reduction(max : maxv)
-  for (int i = 0; i < V; ++i) maxv = l[i] > maxv ? l[i] : maxv;
-  float sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int i = 0; i < V; ++i) {
-    p[i] = exp_approx(l[i] - maxv);
-    sum += p[i];
-  }
-  const float inv = 1.0f / sum;
-#pragma omp simd
-  for (int i = 0; i < V; ++i) p[i] *= inv;
-  for (int i = V; i < Vp; ++i) p[i] = 0;
-}
-
 LOOM_VECTOR_CLONES void scale_row(float* p, float s, int V) {
 #pragma omp simd
   for (int i = 0; i < V; ++i) p[i] *= s;
@@ -48,26 +33,52 @@ LOOM_VECTOR_CLONES float exp_row(float* p, float m, int n) {
   }
   return sum;
 }
+
+// The sum of e^(l[i] - m), nothing written.
+LOOM_VECTOR_CLONES float sum_exp_row(const float* l, float m, int n) {
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int i = 0; i < n; ++i) sum += exp_approx(l[i] - m);
+  return sum;
+}
+
+// d[i] = e^(d[i] - m) * c in place (d[i] holds a logit on entry).
+LOOM_VECTOR_CLONES void softmax_grad_row(float* d, float m, float c, int n) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) d[i] = exp_approx(d[i] - m) * c;
+}
+// d16[i] = d[i] rounded to bf16 (a row just written: read from this core's L2).
+LOOM_VECTOR_CLONES void bf16_row(uint16_t* d16, const float* d, int n) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) d16[i] = f32_to_bf16(d[i]);
+}
 }  // namespace
 
-void softmax_forward(float* probs, const float* logits, int N, int V, int Vp) {
-#pragma omp parallel for
-  for (int n = 0; n < N; ++n)
-    softmax_row(probs + static_cast<size_t>(n) * Vp, logits + static_cast<size_t>(n) * Vp, V, Vp);
-}
-
-void crossentropy_forward(float* losses, const float* probs, const int* targets, int N, int Vp) {
-  for (int n = 0; n < N; ++n)
-    losses[n] = -std::log(probs[static_cast<size_t>(n) * Vp + targets[n]]);
-}
-
-void crossentropy_softmax_backward_inplace(float* probs, float dloss, const int* targets, int N,
-                                           int V, int Vp) {
+void crossentropy_forward(float* losses, float* row_max, float* row_sum, const float* logits,
+                          const int* targets, int N, int V, int Vp) {
 #pragma omp parallel for
   for (int n = 0; n < N; ++n) {
-    float* p = probs + static_cast<size_t>(n) * Vp;
-    scale_row(p, dloss, V);
-    p[targets[n]] -= dloss;
+    // A row (~200 KB at GPT-2's vocabulary) is read from memory once: the second pass
+    // finds it in this core's L2.
+    const float* l = logits + static_cast<size_t>(n) * Vp;
+    const float m = max_of_row(l, V), s = sum_exp_row(l, m, V);
+    row_max[n] = m, row_sum[n] = s;
+    losses[n] = std::log(s) + m - l[targets[n]];
+  }
+}
+
+void crossentropy_backward_inplace(float* logits, uint16_t* dlogits16, const float* row_max,
+                                   const float* row_sum, float dloss, const int* targets, int N,
+                                   int V, int Vp) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const size_t at = static_cast<size_t>(n) * Vp;
+    float* d = logits + at;
+    const float c = dloss / row_sum[n];
+    softmax_grad_row(d, row_max[n], c, V);
+    d[targets[n]] -= dloss;
+    for (int i = V; i < Vp; ++i) d[i] = 0;
+    if (dlogits16) bf16_row(dlogits16 + at, d, Vp);
   }
 }
 

@@ -9,8 +9,8 @@
 namespace loom::kernels::cpu {
 
 void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weight,
-                    const float* bias, int N, int C, int OC) {
-  gemm.run({N, OC, C}, {inp, C, 1}, {weight, 1, C}, {out, OC, 1}, 1.0f, false);
+                    const float* bias, int N, int C, int OC, const uint16_t* weight16) {
+  gemm.run({N, OC, C}, {inp, C, 1}, {weight, 1, C, 0, 0, weight16}, {out, OC, 1}, 1.0f, false);
   if (bias) bias_forward(out, bias, N, OC);
 }
 
@@ -21,19 +21,22 @@ void bias_forward(float* out, const float* bias, int N, int OC) {
 }
 
 void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int C, int OC) {
-  matmul_backward_input(gemm, dinp, dout, weight, N, C, OC);
-  matmul_backward_weight(gemm, dweight, dbias, dout, inp, N, C, OC);
+                     const float* inp, const float* weight, int N, int C, int OC,
+                     const uint16_t* weight16, const uint16_t* dout16) {
+  if (!dout16) dout16 = gemm.stage_bf16(dout, static_cast<int64_t>(N) * OC);
+  matmul_backward_input(gemm, dinp, dout, weight, N, C, OC, weight16, dout16);
+  matmul_backward_weight(gemm, dweight, dbias, dout, inp, N, C, OC, dout16);
 }
 
 void matmul_backward_input(Gemm& gemm, float* dinp, const float* dout, const float* weight, int N,
-                           int C, int OC) {
-  gemm.run({N, C, OC}, {dout, OC, 1}, {weight, C, 1}, {dinp, C, 1}, 1.0f, true);
+                           int C, int OC, const uint16_t* weight16, const uint16_t* dout16) {
+  gemm.run({N, C, OC}, {dout, OC, 1, 0, 0, dout16}, {weight, C, 1, 0, 0, weight16}, {dinp, C, 1},
+           1.0f, true);
 }
 
 void matmul_backward_weight(Gemm& gemm, float* dweight, float* dbias, const float* dout,
-                            const float* inp, int N, int C, int OC) {
-  gemm.run({OC, C, N}, {dout, 1, OC}, {inp, C, 1}, {dweight, C, 1}, 1.0f, true);
+                            const float* inp, int N, int C, int OC, const uint16_t* dout16) {
+  gemm.run({OC, C, N}, {dout, 1, OC, 0, 0, dout16}, {inp, C, 1}, {dweight, C, 1}, 1.0f, true);
   if (!dbias) return;
   // Column sums: each thread sums a block of columns over all rows (rows are contiguous,
   // so a thread streams its column block row after row).
