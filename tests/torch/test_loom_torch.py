@@ -126,11 +126,38 @@ def test_ranks_die_with_their_launcher():
     assert not left, "ranks %s outlived their launcher by 3 s" % left
 
 
+GLOO_PASSED = os.path.join(HERE, "gloo_passed.json")
+
+
+def gloo_reference(world, suite):
+    """What gloo passes of the suite on `world` processes: the list kept in gloo_passed.json
+    when it was recorded with this torch version and world (the same tests pass on gloo
+    every time: running them again only costs ~2 minutes of CI), else gloo run now.
+    LOOM_TORCH_GLOO_LIVE=1 always runs gloo, and writes the list again."""
+    import torch
+
+    live = os.environ.get("LOOM_TORCH_GLOO_LIVE") == "1"
+    if not live and os.path.exists(GLOO_PASSED):
+        kept = json.load(open(GLOO_PASSED))
+        if kept["torch"] == torch.__version__ and kept["world"] == world:
+            return {t: "passed" for t in kept["passed"]}
+        print("gloo_passed.json is for torch %s, world %d: running gloo now" %
+              (kept["torch"], kept["world"]))
+    gloo, _ = suite("gloo", "gloo")
+    if live:
+        with open(GLOO_PASSED, "w") as f:
+            json.dump({"torch": torch.__version__, "world": world,
+                       "passed": sorted(t for t, o in gloo.items() if o == "passed")}, f, indent=0)
+            f.write("\n")
+    return gloo
+
+
 @pytest.mark.parametrize("world", [3])
 def test_pytorchs_own_distributed_suite(world, tmp_path):
     """torch.testing._internal.distributed.distributed_test on loom and on gloo (issue 16):
     loom passes every test gloo passes, and fails none. 3 processes run every test 2 do, and
-    those that need 3 (~2 minutes for both backends; world 2 is the same command)."""
+    those that need 3 (~1 minute for loom; world 2 is the same command). gloo's list of
+    passes is kept (gloo_reference)."""
     def suite(backend, name, *only):
         out = tmp_path / ("%s.json" % name)
         env = dict(os.environ, BACKEND=backend, WORLD_SIZE=str(world), LOOM_SUITE_JSON=str(out),
@@ -143,7 +170,7 @@ def test_pytorchs_own_distributed_suite(world, tmp_path):
         assert out.exists(), p.stdout[-5000:]
         return json.load(open(out)), p.stdout
 
-    gloo, _ = suite("gloo", "gloo")
+    gloo = gloo_reference(world, suite)
     loom, log = suite("loom", "loom")
     first = sorted(t for t, o in loom.items() if o == "failed")
     if first:
