@@ -1,5 +1,6 @@
 #include "loom/kernels/cpu/gemm.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <chrono>
@@ -12,6 +13,7 @@
 #include "loom/core/check.h"
 #include "loom/core/dtype.h"
 #include "loom/core/tunable.h"
+#include "loom/kernels/cpu/vecmath.h"
 #include "loom/profile/trace.h"
 
 namespace loom::kernels::cpu {
@@ -52,9 +54,16 @@ void round_bf16(std::vector<float>& out, const float* in, int64_t n) {
 
 }  // namespace
 
-void round_to_bf16(uint16_t* out, const float* x, int64_t n) {
-#pragma omp parallel for schedule(static)
+LOOM_VECTOR_CLONES void round_to_bf16_serial(uint16_t* out, const float* x, int64_t n) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(x[i]);
+}
+
+void round_to_bf16(uint16_t* out, const float* x, int64_t n) {
+  constexpr int64_t kChunk = 1 << 14;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i += kChunk)
+    round_to_bf16_serial(out + i, x + i, std::min(kChunk, n - i));
 }
 
 bool native_bf16() {

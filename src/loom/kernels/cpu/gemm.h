@@ -72,6 +72,9 @@ bool native_bf16();
 
 // out[i] = x[i] rounded to bf16 (round to nearest even), on the calling thread team.
 void round_to_bf16(uint16_t* out, const float* x, int64_t n);
+// The same on the calling thread alone (inside a parallel loop), vectorised for AVX-512,
+// AVX2 or the baseline, chosen at run time.
+void round_to_bf16_serial(uint16_t* out, const float* x, int64_t n);
 
 // The MFU denominator: the best of 10 square 1024^3 products in `p` on the calling thread
 // team (the library's best case at this machine's clocks and this process's threads).

@@ -4,7 +4,6 @@
 // the bf16 copy the head's bf16 products read written in the same pass.
 #include <cmath>
 
-#include "loom/core/dtype.h"
 #include "loom/kernels/cpu/kernels.h"
 #include "loom/kernels/cpu/vecmath.h"
 
@@ -47,11 +46,6 @@ LOOM_VECTOR_CLONES void softmax_grad_row(float* d, float m, float c, int n) {
 #pragma omp simd
   for (int i = 0; i < n; ++i) d[i] = exp_approx(d[i] - m) * c;
 }
-// d16[i] = d[i] rounded to bf16 (a row just written: read from this core's L2).
-LOOM_VECTOR_CLONES void bf16_row(uint16_t* d16, const float* d, int n) {
-#pragma omp simd
-  for (int i = 0; i < n; ++i) d16[i] = f32_to_bf16(d[i]);
-}
 }  // namespace
 
 void crossentropy_forward(float* losses, float* row_max, float* row_sum, const float* logits,
@@ -78,7 +72,7 @@ void crossentropy_backward_inplace(float* logits, uint16_t* dlogits16, const flo
     softmax_grad_row(d, row_max[n], c, V);
     d[targets[n]] -= dloss;
     for (int i = V; i < Vp; ++i) d[i] = 0;
-    if (dlogits16) bf16_row(dlogits16 + at, d, Vp);
+    if (dlogits16) round_to_bf16_serial(dlogits16 + at, d, Vp);  // the row is still in L2
   }
 }
 
