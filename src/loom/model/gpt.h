@@ -246,7 +246,6 @@ class Gpt {
   void block_backward(int l, BlockActs& a, const float* in, float* dx, BackwardPart part,
                       BlockGrads* keep);
   void block_weight_grads(int l, BlockActs& a, const float* in, const BlockGrads& kept);
-  // A linear's backward: whole, or the input gradient with dout kept for the weights.
   // A weight matrix for a product: its fp32 values and, where made, its bf16 copy.
   struct Weight {
     const float* f32;
@@ -255,6 +254,7 @@ class Gpt {
   Weight weight(int unit, size_t offset) const { return {p(unit, offset), p16(unit, offset)}; }
   const uint16_t* p16(int unit, size_t offset) const;
   void round_unit(int u);  // makes unit u's bf16 copy (when bf16 copies are on)
+  // A linear's backward: whole, or the input gradient with dout kept for the weights.
   void linear_backward(BackwardPart part, float* dinp, float* dw, float* db, const float* dout,
                        const float* inp, Weight w, int N, int C, int OC, std::vector<float>* keep,
                        const uint16_t* dout16 = nullptr);

@@ -124,7 +124,7 @@ void Gemm::run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, flo
   // bf16: the library's bf16 product where the CPU has one; otherwise the same numbers (bf16
   // operands, fp32 accumulation) from the fp32 product over operands rounded to bf16.
   const bool rounded = precision_ == Precision::kBF16;
-  const bool bf16 = rounded && native_bf16();
+  const bool bf16 = reads_bf16();
   const memory::data_type in_t = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   memory::desc ad = describe(s, a, s.M, s.K, in_t), bd = describe(s, b, s.K, s.N, in_t),
                cd = describe(s, c, s.M, s.N, memory::data_type::f32);
@@ -149,18 +149,14 @@ void Gemm::run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, flo
   void* ap = const_cast<float*>(a.data);
   void* bp = const_cast<float*>(b.data);
   if (bf16) {
-    if (a.bf16) {
-      ap = const_cast<uint16_t*>(a.bf16);
-    } else {
-      to_bf16(impl_->a16, a.data, span(s, a, s.M, s.K));
-      ap = impl_->a16.data();
-    }
-    if (b.bf16) {
-      bp = const_cast<uint16_t*>(b.bf16);
-    } else {
-      to_bf16(impl_->b16, b.data, span(s, b, s.K, s.N));
-      bp = impl_->b16.data();
-    }
+    // The caller's bf16 copy of an operand, or the operand rounded into `buf`.
+    auto operand = [](const MatrixView& v, std::vector<uint16_t>& buf, int64_t n) -> void* {
+      if (v.bf16) return const_cast<uint16_t*>(v.bf16);
+      to_bf16(buf, v.data, n);
+      return buf.data();
+    };
+    ap = operand(a, impl_->a16, span(s, a, s.M, s.K));
+    bp = operand(b, impl_->b16, span(s, b, s.K, s.N));
   } else if (rounded) {
     round_bf16(impl_->a32, a.data, span(s, a, s.M, s.K));
     round_bf16(impl_->b32, b.data, span(s, b, s.K, s.N));
