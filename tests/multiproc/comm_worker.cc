@@ -24,9 +24,11 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "loom/comm/bootstrap.h"
+#include "loom/comm/transport/shm/shm_pair.h"
 #include "loom/core/error.h"
 #include "support/sweep.h"
 #include "support/values.h"
@@ -36,12 +38,23 @@ using namespace loom::comm;
 
 namespace {
 
+// With LOOM_TEST_EXPECT_IN_PLACE set, the run fails unless some messages were read in place
+// (so a test of the single-copy path cannot pass through the ring alone).
+int expect_in_place(int status) {
+  if (status == 0 && std::getenv("LOOM_TEST_EXPECT_IN_PLACE") &&
+      comm::ShmPair::bytes_read_in_place() == 0) {
+    std::fprintf(stderr, "NOT IN PLACE: no message was read in place\n");
+    return 1;
+  }
+  return status;
+}
+
 int run_sweep(Communicator& c) {
   std::vector<size_t> counts{0, 1, 7, 1031, static_cast<size_t>(c.size()) * 13 + 3};
   int wrong = test::sweep(c, counts, "process-sweep", [](const std::string& m) {
     std::fprintf(stderr, "WRONG: %s\n", m.c_str());
   });
-  return wrong ? 1 : 0;
+  return expect_in_place(wrong ? 1 : 0);
 }
 
 int run_big(Communicator& c) {
@@ -66,7 +79,7 @@ int run_big(Communicator& c) {
   for (size_t i = 0; i < per; ++i)
     if (out[i] != static_cast<float>(n)) ++wrong;
   if (wrong) std::fprintf(stderr, "WRONG: %d elements in the 64 MiB checks\n", wrong);
-  return wrong ? 1 : 0;
+  return expect_in_place(wrong ? 1 : 0);
 }
 
 // Many async operations in flight on the world communicator and on two split
@@ -129,6 +142,23 @@ int run_kill(Communicator& c, int victim) {
   for (int it = 0; it < 2000; ++it) {
     if (it == 20 && c.rank() == victim) raise(SIGKILL);
     c.allreduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::kMax);
+  }
+  std::printf("finished without noticing the dead rank\n");
+  return 0;
+}
+
+// The victim dies while its peers are reading its 32 MiB block of an allgather in place
+// (a timer thread kills it a few milliseconds into the operation).
+int run_kill_in_place(Communicator& c, int victim) {
+  const size_t per = (32u << 20) / 4;
+  std::vector<float> mine(per, static_cast<float>(c.rank())), all(per * c.size());
+  for (int it = 0; it < 200; ++it) {
+    if (it == 5 && c.rank() == victim)
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        raise(SIGKILL);
+      }).detach();
+    c.allgather(mine.data(), all.data(), per, DType::kF32);
   }
   std::printf("finished without noticing the dead rank\n");
   return 0;
@@ -379,6 +409,7 @@ int main(int argc, char** argv) {
     if (what == "big") return run_big(*c);
     if (what == "async") return run_async(*c);
     if (what == "kill") return run_kill(*c, argc > 2 ? std::atoi(argv[2]) : 1);
+    if (what == "kill_in_place") return run_kill_in_place(*c, argc > 2 ? std::atoi(argv[2]) : 1);
     if (what == "desync") return run_desync(*c);
     if (what == "soak")
       return run_soak(*c, argc > 2 ? std::atol(argv[2]) : 3000, argc > 3 ? argv[3] : ".");

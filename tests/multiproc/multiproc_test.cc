@@ -67,6 +67,18 @@ TEST(Processes, SweepOverSharedMemory) {
   for (int n : {2, 3, 4}) expect_ok(run_worker(n, {"sweep"}));
 }
 
+// Single copy: every collective message (LOOM_SHM_SINGLE_COPY=1 byte and up) is read in
+// place from the sender's buffer with process_vm_readv; the workers fail unless some were.
+TEST(Processes, SweepReadInPlace) {
+  const std::map<std::string, std::string> env{{"LOOM_SHM_SINGLE_COPY", "1"},
+                                               {"LOOM_TEST_EXPECT_IN_PLACE", "1"}};
+  for (int n : {2, 3, 4}) expect_ok(run_worker(n, {"sweep"}, env));
+  expect_ok(run_worker(2, {"big"}, env));
+  auto hier = env;
+  hier["LOOM_TEST_HOSTS"] = "2";
+  expect_ok(run_worker(4, {"sweep"}, hier));
+}
+
 TEST(Processes, SweepOverTcp) {
   for (int n : {2, 3}) expect_ok(run_worker(n, {"sweep"}, {{"LOOM_TRANSPORT", "tcp"}}));
 }
@@ -116,8 +128,9 @@ TEST(Soak, ALeakIsCaught) {
 
 // A rank dies with SIGKILL mid-job: every other rank fails well within the deadline
 // (60 s here) with an error naming the dead rank and the operation.
-void kill_test(int n, int victim, std::map<std::string, std::string> env) {
-  Job j = run_worker(n, {"kill", std::to_string(victim)}, env);
+void kill_test(int n, int victim, std::map<std::string, std::string> env,
+               const char* scenario = "kill", const char* op = "allreduce") {
+  Job j = run_worker(n, {scenario, std::to_string(victim)}, env);
   EXPECT_LT(j.seconds, 20) << all_logs(j);
   EXPECT_EQ(j.result.ranks[victim].signal, SIGKILL);
   for (int r = 0; r < n; ++r) {
@@ -125,12 +138,17 @@ void kill_test(int n, int victim, std::map<std::string, std::string> env) {
     EXPECT_EQ(j.result.ranks[r].exit_code, 3) << all_logs(j);
     EXPECT_NE(j.logs[r].find("PEER ERROR"), std::string::npos) << j.logs[r];
     EXPECT_NE(j.logs[r].find("rank " + std::to_string(victim)), std::string::npos) << j.logs[r];
-    EXPECT_NE(j.logs[r].find("allreduce"), std::string::npos) << j.logs[r];
+    EXPECT_NE(j.logs[r].find(op), std::string::npos) << j.logs[r];
   }
 }
 
 TEST(Failures, KilledRankOverSharedMemory) {
   kill_test(4, 2, {});
+}
+// ... also while the others read its buffer in place (single copy): reported, never read
+// from memory that is gone.
+TEST(Failures, KilledRankWhileReadInPlace) {
+  kill_test(3, 1, {{"LOOM_SHM_SINGLE_COPY", "1"}}, "kill_in_place", "allgather");
 }
 TEST(Failures, KilledRankOverTcp) {
   kill_test(3, 1, {{"LOOM_TRANSPORT", "tcp"}});

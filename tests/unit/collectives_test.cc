@@ -8,6 +8,7 @@
 #include <set>
 
 #include "loom/comm/communicator.h"
+#include "loom/comm/transport/shm/shm_pair.h"
 #include "support/sweep.h"
 #include "support/thread_ranks.h"
 #include "support/values.h"
@@ -38,6 +39,23 @@ std::vector<Case> all_cases() {
   for (int n : {2, 3, 4, 5}) v.push_back({Layout::kTcp, n});
   for (int n : {4, 5, 6}) v.push_back({Layout::kHier, n});
   return v;
+}
+
+// Single copy between thread ranks: every collective message is read in place from the
+// sender's buffer (plain loads: the ranks share an address space).
+TEST(ReadInPlace, ThreadRanksOverSharedMemory) {
+  ::setenv("LOOM_SHM_SINGLE_COPY", "1", 1);
+  const uint64_t before = comm::ShmPair::bytes_read_in_place();
+  for (int n : {2, 3, 5}) {
+    std::string name = "in-place-" + std::to_string(n);
+    std::vector<size_t> counts{0, 1, 7, 1031, static_cast<size_t>(n) * 13 + 3};
+    run_ranks(n, Layout::kShm, name, [&](Communicator& c) {
+      int wrong = sweep(c, counts, name, [](const std::string& m) { ADD_FAILURE() << m; });
+      EXPECT_EQ(wrong, 0) << name << " rank " << c.rank();
+    });
+  }
+  ::unsetenv("LOOM_SHM_SINGLE_COPY");
+  EXPECT_GT(comm::ShmPair::bytes_read_in_place(), before);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CollectiveSweep, ::testing::ValuesIn(all_cases()),

@@ -47,6 +47,7 @@ SendReq* Exec::send(int peer, const void* buf, size_t bytes) {
   r.buf = buf;
   r.bytes = bytes;
   r.header = FrameHeader::of(fp_, seq_, bytes);
+  r.in_place_ok = fp_.op != OpKind::kSendRecv;
   pairs_[peer]->post(&r);
   return &r;
 }

@@ -28,6 +28,7 @@
 namespace loom::comm {
 
 constexpr uint32_t kFrameMagic = 0x4d4f4f4c;  // "LOOM"
+constexpr uint32_t kFrameSingleCopy = 1;
 
 // Identifies an operation; identical on every rank that takes part.
 struct Fingerprint {
@@ -50,8 +51,8 @@ struct FrameHeader {
   uint64_t seq = 0;
   uint64_t count = 0;
   int32_t root = -1;
-  uint32_t reserved = 0;
-  uint64_t bytes = 0;  // payload bytes that follow
+  uint32_t flags = 0;  // kFrameSingleCopy: no payload follows; the receiver reads it in place
+  uint64_t bytes = 0;  // payload bytes that follow (or that the receiver reads in place)
 
   static FrameHeader of(const Fingerprint& fp, uint64_t seq, uint64_t bytes);
   Fingerprint fingerprint() const;
@@ -62,6 +63,10 @@ struct SendReq {
   const void* buf = nullptr;
   size_t bytes = 0;
   FrameHeader header;
+  // The receiver may read `buf` in place (a collective's send: its receive is posted in the
+  // same step). Point-to-point sends stay eager: a send of up to a ring's bytes completes
+  // before the receiver has posted its receive.
+  bool in_place_ok = false;
   // transport state
   size_t progress = 0;  // bytes of header+payload already handed to the transport
   bool done = false;
@@ -102,8 +107,8 @@ class Pair {
   int world_self() const { return world_self_; }
   void post(SendReq* r) { sends_.push_back(r); }
   void post(RecvReq* r) { recvs_.push_back(r); }
-  bool busy() const { return !sends_.empty() || !recvs_.empty(); }
-  bool sending() const { return !sends_.empty(); }
+  bool busy() const { return !sends_.empty() || !recvs_.empty() || !unacked_.empty(); }
+  bool sending() const { return !sends_.empty() || !unacked_.empty(); }
   bool receiving() const { return !recvs_.empty(); }
 
   // Moves what it can without blocking; returns whether anything moved.
@@ -120,8 +125,10 @@ class Pair {
   virtual bool peek(FrameHeader* h) = 0;
   // Drops queued requests (after an error, before their buffers go away).
   void cancel_all() {
+    if (!unacked_.empty()) revoke();
     sends_.clear();
     recvs_.clear();
+    unacked_.clear();
   }
 
  protected:
@@ -131,12 +138,17 @@ class Pair {
   void deliver(RecvReq& r, const void* src, size_t len) { deliver_at(r, r.got, src, len); }
   // Throws PeerError(kDesync) naming both fingerprints when `h` is not what `r` expects.
   void check_header(const RecvReq& r, const FrameHeader& h) const;
+  // Tells the peer that buffers it may be reading in place are about to be given back
+  // (cancel_all with sends still unacknowledged).
+  virtual void revoke() {}
 
   int self_;
   int peer_;
   int world_self_, world_peer_;  // for messages only
   std::deque<SendReq*> sends_;
   std::deque<RecvReq*> recvs_;
+  // Sends whose receiver reads them in place: done once it says it has read them.
+  std::deque<SendReq*> unacked_;
 };
 
 }  // namespace loom::comm

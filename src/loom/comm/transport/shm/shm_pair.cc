@@ -1,13 +1,19 @@
 #include "loom/comm/transport/shm/shm_pair.h"
 
+#include <sys/prctl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <mutex>
 
 #include "loom/core/check.h"
 #include "loom/core/error.h"
+#include "loom/core/log.h"
 #include "loom/core/tunable.h"
 
 namespace loom::comm {
@@ -17,6 +23,13 @@ const IntTunable kShmRing("LOOM_SHM_RING", 4 << 20,
                           "bytes of each direction's shared-memory ring (power of two)");
 const IntTunable kShmChunk("LOOM_SHM_CHUNK", 128 << 10,
                            "bytes a shared-memory sender writes before publishing them");
+const IntTunable kSingleCopy("LOOM_SHM_SINGLE_COPY", 0,
+                             "a collective's shared-memory message of at least this many bytes "
+                             "is read in place by its receiver (one copy); 0 = always the ring");
+const IntTunable kReadPiece("LOOM_SHM_READ_PIECE", 1 << 20,
+                            "bytes a single-copy receiver copies per step");
+constexpr size_t kBouncePiece = 128 << 10;  // a reduction's piece read from another process
+std::atomic<uint64_t> g_read_in_place{0};
 
 constexpr uint64_t kSegMagic = 0x314d48534d4f4f4cull;  // "LOOMSHM1"
 constexpr size_t kSlot = 64;
@@ -28,7 +41,24 @@ struct SegHeader {
   uint64_t ring_bytes;
   int32_t pid[2];
   uint32_t closed[2];
+  uint64_t probe_addr[2];  // where side k keeps kProbeWord (published before its pid)
+  uint32_t can_read[2];    // side k may read side 1-k's memory: 0 not yet known, 1 yes, 2 no
+  uint32_t revoked[2];     // side k gave back buffers its peer may still be reading
 };
+
+constexpr uint64_t kProbeMagic = 0x45424f52504d4f4full;  // "LOOMPROBE"
+const volatile uint64_t kProbeWord = kProbeMagic;
+
+// Under Yama's ptrace_scope 1 only a process's ancestors may read its memory; let the
+// other ranks (same user) do it too, as other MPI libraries' single-copy paths do.
+void allow_peer_reads() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::ifstream f("/proc/sys/kernel/yama/ptrace_scope");
+    int scope = 0;
+    if (f >> scope && scope == 1) ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  });
+}
 
 // Ring k's control block: tail and head each in their own cache line.
 uint64_t* tail_of(void* base, int ring) {
@@ -36,6 +66,10 @@ uint64_t* tail_of(void* base, int ring) {
 }
 uint64_t* head_of(void* base, int ring) {
   return reinterpret_cast<uint64_t*>(static_cast<std::byte*>(base) + kCtlOffset + ring * 256 + 128);
+}
+// Written by the consumer, like head (same 128-byte pair of lines, its own line).
+uint64_t* ack_of(void* base, int ring) {
+  return reinterpret_cast<uint64_t*>(static_cast<std::byte*>(base) + kCtlOffset + ring * 256 + 192);
 }
 std::byte* data_of(void* base, int ring, size_t ring_bytes) {
   return static_cast<std::byte*>(base) + kDataOffset + ring * ring_bytes;
@@ -61,6 +95,10 @@ size_t ShmPair::default_ring_bytes() {
   return v;
 }
 
+uint64_t ShmPair::bytes_read_in_place() {
+  return g_read_in_place.load(std::memory_order_relaxed);
+}
+
 size_t ShmPair::segment_bytes(size_t ring_bytes) {
   return kDataOffset + 2 * ring_bytes;
 }
@@ -68,6 +106,8 @@ size_t ShmPair::segment_bytes(size_t ring_bytes) {
 void ShmPair::format(shm::Segment& seg, size_t ring_bytes) {
   auto* h = static_cast<SegHeader*>(seg.data());
   h->ring_bytes = ring_bytes;
+  if (kSingleCopy.get() > 0) allow_peer_reads();
+  h->probe_addr[0] = reinterpret_cast<uintptr_t>(&kProbeWord);
   h->pid[0] = ::getpid();
   std::atomic_ref<uint64_t>(h->magic).store(kSegMagic, std::memory_order_release);
 }
@@ -80,7 +120,12 @@ ShmPair::ShmPair(int self, int peer, shm::Segment seg, int side)
   LOOM_CHECK_EQ(seg_.size(), segment_bytes(ring_bytes_));
   mask_ = ring_bytes_ - 1;
   chunk_ = std::max<size_t>(kSlot, static_cast<size_t>(kShmChunk.get()) & ~(kSlot - 1));
-  if (side == 1) std::atomic_ref<int32_t>(h->pid[1]).store(::getpid(), std::memory_order_release);
+  single_copy_min_ = static_cast<size_t>(std::max<int64_t>(0, kSingleCopy.get()));
+  if (side == 1) {
+    if (single_copy_min_ > 0) allow_peer_reads();
+    h->probe_addr[1] = reinterpret_cast<uintptr_t>(&kProbeWord);
+    std::atomic_ref<int32_t>(h->pid[1]).store(::getpid(), std::memory_order_release);
+  }
   int tx = side, rx = 1 - side;
   tx_data_ = data_of(seg_.data(), tx, ring_bytes_);
   tx_tail_ = tail_of(seg_.data(), tx);
@@ -88,10 +133,13 @@ ShmPair::ShmPair(int self, int peer, shm::Segment seg, int side)
   rx_data_ = data_of(seg_.data(), rx, ring_bytes_);
   rx_tail_ = tail_of(seg_.data(), rx);
   rx_head_ = head_of(seg_.data(), rx);
+  tx_ack_ = ack_of(seg_.data(), tx);
+  rx_ack_ = ack_of(seg_.data(), rx);
 }
 
 ShmPair::~ShmPair() {
   auto* h = static_cast<SegHeader*>(seg_.data());
+  if (h && !unacked_.empty()) revoke();
   if (h) std::atomic_ref<uint32_t>(h->closed[side_]).store(1, std::memory_order_release);
   seg_.unlink();  // normally already gone; harmless if so
 }
@@ -122,9 +170,73 @@ void ShmPair::check_peer() {
 
 bool ShmPair::progress() {
   bool moved = false;
+  if (!probed_) probe_peer();
+  if (!unacked_.empty()) moved |= reap_acks();
   if (!sends_.empty()) moved |= progress_send();
   if (!recvs_.empty()) moved |= progress_recv();
   return moved;
+}
+
+// Once the peer has published its pid: can we read its memory? (Published for the peer's
+// sends; a peer on this process needs no system call.)
+void ShmPair::probe_peer() {
+  auto* h = static_cast<SegHeader*>(seg_.data());
+  const int other = 1 - side_;
+  peer_pid_ = std::atomic_ref<int32_t>(h->pid[other]).load(std::memory_order_acquire);
+  if (peer_pid_ == 0) return;
+  probed_ = true;
+  uint32_t verdict = 2;
+  if (single_copy_min_ == 0) {
+    verdict = 2;
+  } else if (peer_pid_ == ::getpid()) {
+    verdict = 1;
+  } else {
+    uint64_t word = 0;
+    iovec local{&word, sizeof word};
+    iovec remote{reinterpret_cast<void*>(h->probe_addr[other]), sizeof word};
+    ssize_t got = ::process_vm_readv(peer_pid_, &local, 1, &remote, 1, 0);
+    if (got == sizeof word && word == kProbeMagic) {
+      verdict = 1;
+    } else {
+      static std::once_flag once;
+      const int err = got < 0 ? errno : 0;
+      std::call_once(
+          once, [&] {
+            LOOM_LOG(kWarn, "comm")
+                << "single-copy shared memory is unavailable here (process_vm_readv of rank "
+                << world_peer_ << ": " << (err ? std::strerror(err) : "wrong word")
+                << "); large messages go through the ring. Hint: allow ptrace between the ranks "
+                   "(kernel.yama.ptrace_scope <= 1, a container with CAP_SYS_PTRACE or a seccomp "
+                   "profile allowing process_vm_readv), or set LOOM_SHM_SINGLE_COPY=0 to silence "
+                   "this";
+          });
+    }
+  }
+  std::atomic_ref<uint32_t>(h->can_read[side_]).store(verdict, std::memory_order_release);
+}
+
+bool ShmPair::peer_reads_in_place() {
+  if (peer_reads_ == 0) {
+    auto* h = static_cast<SegHeader*>(seg_.data());
+    peer_reads_ = static_cast<int>(
+        std::atomic_ref<uint32_t>(h->can_read[1 - side_]).load(std::memory_order_acquire));
+  }
+  return peer_reads_ == 1;
+}
+
+void ShmPair::revoke() {
+  auto* h = static_cast<SegHeader*>(seg_.data());
+  std::atomic_ref<uint32_t>(h->revoked[side_]).store(1, std::memory_order_seq_cst);
+}
+
+bool ShmPair::reap_acks() {
+  uint64_t ack = load_acquire(tx_ack_);
+  if (ack == acked_) return false;
+  for (; acked_ < ack && !unacked_.empty(); ++acked_) {
+    unacked_.front()->done = true;
+    unacked_.pop_front();
+  }
+  return true;
 }
 
 bool ShmPair::progress_send() {
@@ -138,6 +250,23 @@ bool ShmPair::progress_send() {
     if (free < need) {
       tx_head_seen_ = load_acquire(tx_head_);
       free = ring_bytes_ - (tx_pos_ - tx_head_seen_);
+    }
+    if (r.progress == 0 && r.in_place_ok && single_copy_min_ > 0 && r.bytes >= single_copy_min_ &&
+        peer_reads_in_place()) {
+      if (free < kSlot) break;
+      std::byte* slot = tx_data_ + (tx_pos_ & mask_);
+      FrameHeader h = r.header;
+      h.flags |= kFrameSingleCopy;
+      const uint64_t addr = reinterpret_cast<uintptr_t>(r.buf);
+      std::memcpy(slot, &h, sizeof h);
+      std::memcpy(slot + sizeof h, &addr, sizeof addr);
+      tx_pos_ += kSlot;
+      store_release(tx_tail_, tx_pos_);
+      r.progress = kSlot;
+      sends_.pop_front();
+      unacked_.push_back(&r);
+      moved = true;
+      continue;
     }
     if (r.progress == 0) {
       if (free < kSlot) break;
@@ -192,17 +321,45 @@ bool ShmPair::progress_recv() {
   while (!recvs_.empty()) {
     RecvReq& r = *recvs_.front();
     if (r.after && !r.after->done) break;
+    if (rx_in_place_) {
+      read_in_place(r);
+      moved = true;
+      if (r.got < r.bytes) break;  // one piece per call: the other pairs progress too
+      // The sender gives its buffer back only after revoking (cancel_all); if it has not by
+      // now, every byte we read was still its data.
+      auto* h = static_cast<SegHeader*>(seg_.data());
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (std::atomic_ref<uint32_t>(h->revoked[1 - side_]).load(std::memory_order_seq_cst))
+        throw PeerError(PeerError::Kind::kClosed,
+                        "rank " + std::to_string(world_self_) + ": rank " +
+                            std::to_string(world_peer_) +
+                            " gave up the operation while its buffer was being read in place",
+                        peer_);
+      rx_in_place_ = false;
+      g_read_in_place.fetch_add(r.bytes, std::memory_order_relaxed);
+      store_release(rx_ack_, ++rx_acks_);
+      r.done = true;
+      recvs_.pop_front();
+      continue;
+    }
     if (rx_tail_seen_ == rx_pos_) {
       rx_tail_seen_ = load_acquire(rx_tail_);
       if (rx_tail_seen_ == rx_pos_) break;
     }
     if (!r.header_seen) {
       FrameHeader h;
-      std::memcpy(&h, rx_data_ + (rx_pos_ & mask_), sizeof h);
+      const std::byte* slot = rx_data_ + (rx_pos_ & mask_);
+      std::memcpy(&h, slot, sizeof h);
       check_header(r, h);
+      if (h.flags & kFrameSingleCopy) std::memcpy(&rx_remote_, slot + sizeof h, sizeof rx_remote_);
       rx_pos_ += kSlot;
       r.header_seen = true;
       moved = true;
+      if (h.flags & kFrameSingleCopy) {
+        store_release(rx_head_, rx_pos_);
+        rx_in_place_ = true;
+        continue;
+      }
       if (r.bytes == 0) {
         store_release(rx_head_, rx_pos_);
         r.done = true;
@@ -229,6 +386,47 @@ bool ShmPair::progress_recv() {
     }
   }
   return moved;
+}
+
+void ShmPair::read_in_place(RecvReq& r) {
+  const size_t piece = static_cast<size_t>(std::max<int64_t>(4096, kReadPiece.get())) & ~size_t{63};
+  const size_t left = r.bytes - r.got;
+  const auto* remote = reinterpret_cast<const std::byte*>(rx_remote_) + r.got;
+  if (peer_pid_ == ::getpid()) {  // a thread rank: its buffer is in our address space
+    deliver(r, remote, std::min(left, piece));
+    return;
+  }
+  const bool reduce = r.a != nullptr;
+  size_t n = std::min(left, reduce ? kBouncePiece : piece);
+  if (reduce && bounce_.size() < kBouncePiece) bounce_.resize(kBouncePiece);
+  auto* dst = reduce ? bounce_.data() : static_cast<std::byte*>(r.dst) + r.got;
+  size_t done = 0;
+  while (done < n) {
+    iovec local{dst + done, n - done};
+    iovec from{const_cast<std::byte*>(remote + done), n - done};
+    ssize_t got = ::process_vm_readv(peer_pid_, &local, 1, &from, 1, 0);
+    if (got <= 0) read_failed(got < 0 ? errno : EFAULT);
+    done += static_cast<size_t>(got);
+  }
+  if (reduce)
+    deliver(r, dst, n);
+  else
+    r.got += n;
+}
+
+void ShmPair::read_failed(int err) {
+  const std::string who = "rank " + std::to_string(world_self_) + ": reading rank " +
+                          std::to_string(world_peer_) + "'s buffer in place (pid " +
+                          std::to_string(peer_pid_) + ") failed: " + std::strerror(err);
+  if (err == ESRCH || !shm::pid_alive(peer_pid_))
+    throw PeerError(PeerError::Kind::kDead,
+                    "rank " + std::to_string(world_self_) + ": rank " +
+                        std::to_string(world_peer_) + " (pid " + std::to_string(peer_pid_) +
+                        ") died while its buffer was being read in place",
+                    peer_);
+  throw PeerError(PeerError::Kind::kProtocol,
+                  who + " (set LOOM_SHM_SINGLE_COPY=0 to send every message through the ring)",
+                  peer_);
 }
 
 }  // namespace loom::comm

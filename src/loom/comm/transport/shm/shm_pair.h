@@ -8,9 +8,17 @@
 // lines its peer has just read (PERF-NOTES: the 2-3x that mattered most). The producer
 // publishes its tail after every chunk (LOOM_SHM_CHUNK), so the consumer copies or
 // reduces chunk k while chunk k+1 is being written.
+//
+// Single copy (LOOM_SHM_SINGLE_COPY bytes and up, collectives only): the sender puts only a
+// header slot naming its buffer's address into the ring; the receiver copies or reduces
+// straight from that buffer (process_vm_readv between processes, plain loads between thread
+// ranks) and then bumps an acknowledgement counter, which completes the send. One copy per
+// byte instead of two. Each side probes once whether it may read its peer's memory and
+// publishes the answer; a sender reads in place only toward a peer that can.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "loom/comm/transport/pair.h"
 #include "loom/comm/transport/shm/segment.h"
@@ -28,15 +36,26 @@ class ShmPair : public Pair {
   // Lays out a freshly created segment.
   static void format(shm::Segment& seg, size_t ring_bytes);
   static size_t default_ring_bytes();
+  // Payload bytes this process has received by reading senders' buffers in place (tests).
+  static uint64_t bytes_read_in_place();
 
   bool progress() override;
   void check_peer() override;
   const char* kind() const override { return "shm"; }
   bool peek(FrameHeader* h) override;
 
+ protected:
+  void revoke() override;
+
  private:
   bool progress_send();
   bool progress_recv();
+  bool reap_acks();
+  void probe_peer();
+  bool peer_reads_in_place();
+  // Copies or reduces the next piece of an in-place message into `r`.
+  void read_in_place(RecvReq& r);
+  [[noreturn]] void read_failed(int err);
 
   shm::Segment seg_;
   int side_;
@@ -55,6 +74,18 @@ class ShmPair : public Pair {
   uint64_t* rx_head_;
   uint64_t rx_pos_ = 0;
   uint64_t rx_tail_seen_ = 0;
+  // Single copy.
+  size_t single_copy_min_;  // 0: off
+  int peer_pid_ = 0;
+  bool probed_ = false;
+  int peer_reads_ = 0;  // 0 unknown, 1 the peer reads our buffers in place, 2 it cannot
+  uint64_t* tx_ack_;    // in-place messages of our ring the peer has finished reading
+  uint64_t* rx_ack_;
+  uint64_t acked_ = 0;        // acknowledgements already applied to unacked_
+  uint64_t rx_acks_ = 0;      // in-place messages we have finished reading
+  bool rx_in_place_ = false;  // the front receive reads from rx_remote_
+  uint64_t rx_remote_ = 0;
+  std::vector<std::byte> bounce_;  // a reduction's pieces read from another process
 };
 
 }  // namespace loom::comm
