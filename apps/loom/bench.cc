@@ -61,7 +61,31 @@ struct BenchArgs {
   bool probe = false;
   double job_timeout = 0;
   std::string calibrate;               // a tuning table to write (LOOM_TUNING_FILE)
+  bool shared = false;                 // buffers from Communicator::alloc_shared
   std::vector<std::string> forwarded;  // argv after "bench", for re-executing ranks
+};
+
+// A benchmark buffer: heap memory, or (--shared) a buffer the other local ranks have mapped.
+struct Buf {
+  std::vector<std::byte> heap;
+  comm::SharedBuffer shared;
+  std::byte* p = nullptr;
+  size_t n = 0;
+  static Buf make(Communicator& comm, size_t bytes, bool shared) {
+    Buf b;
+    if (shared) {
+      b.shared = comm.alloc_shared(bytes);
+      b.p = b.shared.as<std::byte>();
+    } else {
+      b.heap.resize(bytes);
+      b.p = b.heap.data();
+    }
+    b.n = bytes;
+    return b;
+  }
+  std::byte* data() const { return p; }
+  std::byte* begin() const { return p; }
+  std::byte* end() const { return p + n; }
 };
 
 double value(int rank, size_t i) {
@@ -147,8 +171,7 @@ struct Case {
   }
 
   // Fills inputs with closed-form values, runs once, returns the number of wrong elements.
-  int64_t check(Communicator& comm, std::vector<std::byte>& in, std::vector<std::byte>& out,
-                bool in_place, Algo requested) {
+  int64_t check(Communicator& comm, Buf& in, Buf& out, bool in_place, Algo requested) {
     std::fill(out.begin(), out.end(), std::byte{0xEE});
     std::byte* src = in.data();
     if (op == OpKind::kAllgather && in_place) src = out.data() + rank * count * es;
@@ -210,8 +233,8 @@ struct Row {
 };
 
 // The median over iterations of the slowest rank's time of one case, after warmup.
-double time_case(Communicator& comm, Case& c, std::vector<std::byte>& in,
-                 std::vector<std::byte>& out, bool in_place, Algo algo, int warmup, int iters) {
+double time_case(Communicator& comm, Case& c, Buf& in, Buf& out, bool in_place, Algo algo,
+                 int warmup, int iters) {
   for (int w = 0; w < warmup; ++w) c.run(comm, in.data(), out.data(), in_place, algo);
   comm.barrier();
   std::vector<double> times(iters);
@@ -245,7 +268,8 @@ int calibrate(const BenchArgs& a, Communicator& comm, const std::vector<OpKind>&
     for (size_t bytes = lo; bytes <= hi; bytes *= static_cast<size_t>(std::max(a.factor, 2))) {
       auto c = Case::make(op, bytes, n, rank, t);
       if (!c) continue;
-      std::vector<std::byte> in(c->in_elems * c->es + 64), out(c->out_elems * c->es + 64);
+      Buf in = Buf::make(comm, c->in_elems * c->es + 64, a.shared);
+      Buf out = Buf::make(comm, c->out_elems * c->es + 64, a.shared);
       comm::TuningTable::Entry e{op, c->size_bytes, Algo::kAuto, {}};
       double best = 0;
       std::string line;
@@ -327,7 +351,8 @@ int run_rank(const BenchArgs& a) {
         continue;
       }
       c->algo = comm->chosen_algo(op, c->size_bytes, *requested);
-      std::vector<std::byte> in(c->in_elems * c->es + 64), out(c->out_elems * c->es + 64);
+      Buf in = Buf::make(*comm, c->in_elems * c->es + 64, a.shared);
+      Buf out = Buf::make(*comm, c->out_elems * c->es + 64, a.shared);
       for (size_t i = 0; i < c->in_elems; ++i) store_element(*t, in.data(), i, value(rank, i));
       // The copy limit: the bytes this rank must write, at the memcpy bandwidth.
       const double limit_us = c->size_bytes * c->write_factor / (mcpy * 1e3);
@@ -468,6 +493,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
   b->add_option("--calibrate", args->calibrate,
                 "time every valid algorithm per op and size; write the winners to FILE, a "
                 "tuning table for LOOM_TUNING_FILE (other topologies in FILE are kept)");
+  b->add_flag("--shared", args->shared,
+              "put the buffers in memory the local ranks share (Communicator::alloc_shared): "
+              "messages are read in place instead of through the ring");
   b->add_option("--job-timeout", args->job_timeout,
                 "with --np: stop the job after this many seconds");
   return [args, b]() -> int {
@@ -494,6 +522,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
                                       "--iters",  std::to_string(args->iters),
                                       "--warmup", std::to_string(args->warmup)};
       if (args->no_check) fwd.push_back("--no-check");
+      if (args->shared) fwd.push_back("--shared");
       if (!args->json.empty()) fwd.insert(fwd.end(), {"--json", args->json});
       if (!args->calibrate.empty()) fwd.insert(fwd.end(), {"--calibrate", args->calibrate});
       args->forwarded = fwd;

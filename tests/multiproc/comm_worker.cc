@@ -57,6 +57,14 @@ int run_sweep(Communicator& c) {
   return expect_in_place(wrong ? 1 : 0);
 }
 
+int run_sweep_shared(Communicator& c) {
+  std::vector<size_t> counts{0, 1, 7, 1031, static_cast<size_t>(c.size()) * 13 + 3};
+  int wrong = test::sweep_shared(c, counts, "process-sweep-shared", [](const std::string& m) {
+    std::fprintf(stderr, "WRONG: %s\n", m.c_str());
+  });
+  return expect_in_place(wrong ? 1 : 0);
+}
+
 int run_big(Communicator& c) {
   const int n = c.size(), r = c.rank();
   const size_t count = (64u << 20) / 4;  // 64 MiB of f32
@@ -406,6 +414,7 @@ int main(int argc, char** argv) {
   try {
     auto c = init_from_env();
     if (what == "sweep") return run_sweep(*c);
+    if (what == "sweep_shared") return run_sweep_shared(*c);
     if (what == "big") return run_big(*c);
     if (what == "async") return run_async(*c);
     if (what == "kill") return run_kill(*c, argc > 2 ? std::atoi(argv[2]) : 1);

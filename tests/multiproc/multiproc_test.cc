@@ -79,6 +79,17 @@ TEST(Processes, SweepReadInPlace) {
   expect_ok(run_worker(4, {"sweep"}, hier));
 }
 
+// Shared buffers: the sweep's buffers all lie in one alloc_shared buffer; every message of
+// a byte and up between ranks of a (virtual) host is read through the receiver's mapping.
+TEST(Processes, SweepFromSharedBuffers) {
+  std::map<std::string, std::string> env{{"LOOM_SHM_SHARED_MIN", "1"},
+                                         {"LOOM_SHM_SHARED_MIN_ALLREDUCE", "1"},
+                                         {"LOOM_TEST_EXPECT_IN_PLACE", "1"}};
+  for (int n : {2, 3, 4}) expect_ok(run_worker(n, {"sweep_shared"}, env));
+  env["LOOM_TEST_HOSTS"] = "2";
+  expect_ok(run_worker(4, {"sweep_shared"}, env));  // hosts {0,1} and {2,3}
+}
+
 TEST(Processes, SweepOverTcp) {
   for (int n : {2, 3}) expect_ok(run_worker(n, {"sweep"}, {{"LOOM_TRANSPORT", "tcp"}}));
 }

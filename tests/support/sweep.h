@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,48 @@ using comm::Communicator;
 using comm::OpKind;
 using comm::OpOptions;
 using comm::ReduceOp;
+
+// Where the sweep's buffers come from: the heap, or (sweep_shared) one shared buffer of the
+// communicator, so that every message leaves from memory the peers have mapped. A bump
+// arena per thread, emptied whenever nothing allocated from it is alive.
+struct SweepArena {
+  std::byte* base = nullptr;
+  size_t cap = 0, used = 0;
+  int live = 0;
+};
+inline thread_local SweepArena* t_sweep_arena = nullptr;
+
+template <class T>
+struct SweepAlloc {
+  using value_type = T;
+  SweepAlloc() = default;
+  template <class U>
+  SweepAlloc(const SweepAlloc<U>&) {}
+  T* allocate(size_t n) {
+    SweepArena* a = t_sweep_arena;
+    if (!a) return std::allocator<T>().allocate(n);
+    size_t b = (n * sizeof(T) + 63) & ~size_t{63};
+    if (a->used + b > a->cap) throw std::bad_alloc();
+    T* p = reinterpret_cast<T*>(a->base + a->used);
+    a->used += b;
+    ++a->live;
+    return p;
+  }
+  void deallocate(T* p, size_t n) {
+    SweepArena* a = t_sweep_arena;
+    auto* b = reinterpret_cast<std::byte*>(p);
+    if (a && b >= a->base && b < a->base + a->cap) {
+      if (--a->live == 0) a->used = 0;
+      return;
+    }
+    std::allocator<T>().deallocate(p, n);
+  }
+  template <class U>
+  bool operator==(const SweepAlloc<U>&) const {
+    return true;
+  }
+};
+using Bytes = std::vector<uint8_t, SweepAlloc<uint8_t>>;
 
 inline const DType kAllTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kF64,
                                   DType::kI32, DType::kI64,  DType::kU8};
@@ -42,7 +86,7 @@ struct Checker {
              std::to_string(i) + ": got " + std::to_string(got) + " want " + std::to_string(want));
   }
   // Bytes [from, to) of b still hold the poison: nothing was written there.
-  void untouched(const std::vector<uint8_t>& b, size_t from, size_t to, const std::string& what) {
+  void untouched(const Bytes& b, size_t from, size_t to, const std::string& what) {
     for (size_t i = from; i < to; ++i)
       if (b[i] != kPoison) {
         if (failures++ < 3)
@@ -53,12 +97,11 @@ struct Checker {
       }
   }
   // The guard after the first `bytes` of b is intact (no write past the end).
-  void guard_intact(const std::vector<uint8_t>& b, size_t bytes, const std::string& what) {
+  void guard_intact(const Bytes& b, size_t bytes, const std::string& what) {
     untouched(b, bytes, b.size(), what + " (past the end)");
   }
   // An input the operation only reads still holds what it held.
-  void unchanged(const std::vector<uint8_t>& b, const std::vector<uint8_t>& before,
-                 const std::string& what) {
+  void unchanged(const Bytes& b, const Bytes& before, const std::string& what) {
     if (b != before && failures++ < 3)
       report(where + " " + what + " rank " + std::to_string(rank) + ": its input was modified");
   }
@@ -69,8 +112,8 @@ struct Checker {
 
 // A buffer of `bytes` plus a guard, all poisoned (kPoison): the checks above find writes
 // past the end and writes where none belong.
-inline std::vector<uint8_t> guarded(size_t bytes) {
-  return std::vector<uint8_t>(bytes + Checker::kGuard, Checker::kPoison);
+inline Bytes guarded(size_t bytes) {
+  return Bytes(bytes + Checker::kGuard, Checker::kPoison);
 }
 
 inline std::string label(const char* op, Algo a, DType t, size_t count, bool in_place,
@@ -211,6 +254,24 @@ inline int sweep(Communicator& c, const std::vector<size_t>& counts, const std::
   }
   c.barrier();
   return ck.failures;
+}
+
+// The sweep with every buffer inside one shared buffer of `c` (Communicator::alloc_shared).
+inline int sweep_shared(Communicator& c, const std::vector<size_t>& counts,
+                        const std::string& where,
+                        const std::function<void(const std::string&)>& report) {
+  comm::SharedBuffer mem = c.alloc_shared(4 << 20);
+  SweepArena arena{static_cast<std::byte*>(mem.data()), mem.size()};
+  t_sweep_arena = &arena;
+  int wrong = 0;
+  try {
+    wrong = sweep(c, counts, where, report);
+  } catch (...) {
+    t_sweep_arena = nullptr;
+    throw;
+  }
+  t_sweep_arena = nullptr;  // every operation has finished: no peer reads `mem` any more
+  return wrong;
 }
 
 }  // namespace loom::test

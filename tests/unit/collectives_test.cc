@@ -58,6 +58,27 @@ TEST(ReadInPlace, ThreadRanksOverSharedMemory) {
   EXPECT_GT(comm::ShmPair::bytes_read_in_place(), before);
 }
 
+// Shared buffers (alloc_shared): every buffer of the sweep lies in one, so every message of
+// LOOM_SHM_SHARED_MIN{,_ALLREDUCE}=1 byte and up between ranks of a (virtual) host is read in place
+// through the receiver's own mapping; across virtual hosts it goes over TCP as before.
+TEST(SharedBuffers, SweepReadsInPlace) {
+  ::setenv("LOOM_SHM_SHARED_MIN", "1", 1);
+  ::setenv("LOOM_SHM_SHARED_MIN_ALLREDUCE", "1", 1);
+  const uint64_t before = comm::ShmPair::bytes_read_in_place();
+  for (auto [layout, n] :
+       {std::pair{Layout::kShm, 2}, {Layout::kShm, 3}, {Layout::kShm, 5}, {Layout::kHier, 4}}) {
+    std::string name = std::string("shared-") + layout_name(layout) + std::to_string(n);
+    std::vector<size_t> counts{0, 1, 7, 1031, static_cast<size_t>(n) * 13 + 3};
+    run_ranks(n, layout, name, [&](Communicator& c) {
+      int wrong = sweep_shared(c, counts, name, [](const std::string& m) { ADD_FAILURE() << m; });
+      EXPECT_EQ(wrong, 0) << name << " rank " << c.rank();
+    });
+  }
+  ::unsetenv("LOOM_SHM_SHARED_MIN");
+  ::unsetenv("LOOM_SHM_SHARED_MIN_ALLREDUCE");
+  EXPECT_GT(comm::ShmPair::bytes_read_in_place(), before);
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, CollectiveSweep, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return std::string(layout_name(info.param.layout)) + "_n" +

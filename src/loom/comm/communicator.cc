@@ -277,8 +277,10 @@ void Communicator::connect(Deadline deadline) {
   if (accept_error) std::rethrow_exception(accept_error);
   for (int q = 0; q < size_; ++q)
     if (expect[q]) pairs_[q] = std::make_unique<TcpPair>(rank_, q, std::move(accepted[q]));
-  for (int q = 0; q < size_; ++q)
+  for (int q = 0; q < size_; ++q) {
     if (pairs_[q]) pairs_[q]->name_ends(world_ranks_[rank_], world_ranks_[q]);
+    if (auto* sp = dynamic_cast<ShmPair*>(pairs_[q].get())) sp->use_shared(shared_);
+  }
 
   LOOM_LOG(kInfo, "comm") << "communicator '" << cfg_.name << "' rank " << rank_ << "/" << size_
                           << ": " << topo_.describe();
@@ -311,6 +313,78 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   for (size_t i = 0; i < members.size(); ++i) c->world_ranks_[i] = world_ranks_[members[i]];
   c->connect(Deadline::after_seconds(cfg.timeout_s));
   return c;
+}
+
+// ------------------------------------------------------------------ shared buffers
+
+SharedBuffer& SharedBuffer::operator=(SharedBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    seg_ = std::move(o.seg_);
+    regions_ = std::move(o.regions_);
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+SharedBuffer::~SharedBuffer() {
+  release();
+}
+
+void SharedBuffer::release() {
+  if (!seg_) return;
+  if (regions_) regions_->remove_own(data_);
+  auto* h = static_cast<shm::SharedHeader*>(seg_->data());
+  std::atomic_ref<uint32_t>(h->released).store(1, std::memory_order_release);
+  seg_.reset();
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+SharedBuffer Communicator::alloc_shared(size_t bytes) {
+  shared_->drop_released();  // peers' buffers freed since the last call
+  auto seg = std::make_unique<shm::Segment>(shm::Segment::create(shm::kSharedHeader + bytes));
+  auto* header = static_cast<shm::SharedHeader*>(seg->data());
+  header->magic = shm::kSharedMagic;
+  std::byte* data = static_cast<std::byte*>(seg->data()) + shm::kSharedHeader;
+  struct Record {
+    uint64_t data;
+    uint64_t bytes;
+    char name[112];
+  };
+  static_assert(sizeof(Record) == 128);
+  Record mine{};
+  mine.data = reinterpret_cast<uintptr_t>(data);
+  mine.bytes = bytes;
+  LOOM_CHECK(seg->name().size() < sizeof mine.name);
+  std::memcpy(mine.name, seg->name().data(), seg->name().size());
+  std::vector<Record> all(static_cast<size_t>(size_));
+  try {
+    allgather(&mine, all.data(), sizeof(Record), DType::kU8);
+    // Map every local peer's buffer; only then may anyone send from its own in place.
+    for (int q = 0; q < size_; ++q) {
+      if (!dynamic_cast<ShmPair*>(pairs_[q].get())) continue;
+      shm::Segment map = shm::Segment::open(std::string(all[q].name));
+      auto* h = static_cast<shm::SharedHeader*>(map.data());
+      if (map.size() != shm::kSharedHeader + all[q].bytes || h->magic != shm::kSharedMagic)
+        throw Error("rank " + std::to_string(world_ranks_[rank_]) + ": the shared buffer of rank " +
+                    std::to_string(world_ranks_[q]) + " (" + all[q].name + ") is not one");
+      shared_->add_peer(q, all[q].data, all[q].bytes, std::move(map));
+    }
+    barrier();
+  } catch (...) {
+    seg->unlink();
+    throw;
+  }
+  seg->unlink();  // every peer has it mapped
+  shared_->add_own(data, bytes);
+  SharedBuffer b;
+  b.seg_ = std::move(seg);
+  b.regions_ = shared_;
+  b.data_ = data;
+  b.bytes_ = bytes;
+  return b;
 }
 
 Communicator::~Communicator() {

@@ -37,6 +37,7 @@
 #include "loom/comm/store/store.h"
 #include "loom/comm/topology.h"
 #include "loom/comm/transport/pair.h"
+#include "loom/comm/transport/shm/shared_regions.h"
 #include "loom/comm/tuning.h"
 #include "loom/comm/types.h"
 #include "loom/comm/work.h"
@@ -61,6 +62,31 @@ struct OpOptions {
   double timeout_s = 0;     // 0: the communicator's default
 };
 
+// Memory from Communicator::alloc_shared: zero-filled, page-aligned, mapped by every rank of
+// this machine. Move-only; destroying it frees it (only once no operation uses it).
+class SharedBuffer {
+ public:
+  SharedBuffer() = default;
+  SharedBuffer(SharedBuffer&& o) noexcept = default;
+  SharedBuffer& operator=(SharedBuffer&& o) noexcept;
+  ~SharedBuffer();
+
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  friend class Communicator;
+  void release();
+  std::unique_ptr<shm::Segment> seg_;
+  std::shared_ptr<shm::SharedRegions> regions_;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
   // Collective over all `size` ranks: rendezvous through `store`, then connect pairs.
@@ -79,6 +105,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::shared_ptr<Communicator> split(int color, int key);
   // The algorithm `auto` picks for this op and size here (for reports and tests).
   Algo chosen_algo(OpKind op, size_t bytes, Algo requested = Algo::kAuto) const;
+  // `bytes` of memory the other ranks of this machine map too. A collective's message sent
+  // from inside it (LOOM_SHM_SHARED_MIN bytes and up) is read in place by its receiver on
+  // this machine instead of going through the ring. Collective: every rank calls it, in the
+  // same order as its other collectives; a buffer serves this communicator's operations.
+  SharedBuffer alloc_shared(size_t bytes);
+
   // Keeps an object (e.g. the store server) alive as long as this communicator.
   void hold(std::shared_ptr<void> keepalive) { keepalive_.push_back(std::move(keepalive)); }
 
@@ -190,6 +222,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Topology topo_;
   WaitPolicy wait_policy_;
   std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer rank; null for self
+  std::shared_ptr<shm::SharedRegions> shared_ = std::make_shared<shm::SharedRegions>();
   std::vector<std::byte> scratch_;
   std::vector<uint64_t> p2p_send_seq_, p2p_recv_seq_;
   int splits_ = 0;

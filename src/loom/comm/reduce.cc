@@ -27,36 +27,35 @@ inline T combine(T x, T y, ReduceOp op) {
   return x;
 }
 
+// Each loop reads a[i] and b[i] before it writes d[i], so d may alias a or b exactly (never
+// partly): no iteration depends on another, which the pragma tells the compiler (otherwise
+// it proves nothing about the pointers and, when they alias, runs the scalar fallback of
+// its runtime overlap check: 3 GB/s instead of memory speed).
+#if defined(__clang__)
+#define LOOM_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#else
+#define LOOM_IVDEP _Pragma("GCC ivdep")
+#endif
+
 // The op is hoisted out of the loop so each variant vectorises.
 template <typename T>
-inline void reduce_loop(T* __restrict__ d, const T* a, const T* b, size_t n, ReduceOp op) {
+inline void reduce_any(T* d, const T* a, const T* b, size_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
-      for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(a[i] + b[i]);
+      LOOM_IVDEP for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(a[i] + b[i]);
       break;
     case ReduceOp::kProd:
-      for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(a[i] * b[i]);
+      LOOM_IVDEP for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(a[i] * b[i]);
       break;
     case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) d[i] = a[i] < b[i] ? a[i] : b[i];
+      LOOM_IVDEP for (size_t i = 0; i < n; ++i) d[i] = combine(a[i], b[i], ReduceOp::kMin);
       break;
     case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) d[i] = a[i] > b[i] ? a[i] : b[i];
+      LOOM_IVDEP for (size_t i = 0; i < n; ++i) d[i] = combine(a[i], b[i], ReduceOp::kMax);
       break;
     case ReduceOp::kCount:
       break;
-  }
-}
-
-// d may alias a or b: the loops read a[i], b[i] before writing d[i], so aliasing at the
-// same index is safe; __restrict__ is dropped through this wrapper when they alias.
-template <typename T>
-inline void reduce_any(T* d, const T* a, const T* b, size_t n, ReduceOp op) {
-  if (d != a && d != b) {
-    reduce_loop<T>(d, a, b, n, op);
-  } else {
-    for (size_t i = 0; i < n; ++i) d[i] = combine(a[i], b[i], op);
   }
 }
 
@@ -70,10 +69,6 @@ inline void reduce_any(T* d, const T* a, const T* b, size_t n, ReduceOp op) {
 #endif
 
 LOOM_CLONES void reduce_f32(float* d, const float* a, const float* b, size_t n, ReduceOp op) {
-  if (d == a && (op == ReduceOp::kSum || op == ReduceOp::kAvg)) {
-    for (size_t i = 0; i < n; ++i) d[i] += b[i];  // the common in-place case
-    return;
-  }
   reduce_any(d, a, b, n, op);
 }
 

@@ -28,7 +28,8 @@
 namespace loom::comm {
 
 constexpr uint32_t kFrameMagic = 0x4d4f4f4c;  // "LOOM"
-constexpr uint32_t kFrameSingleCopy = 1;
+constexpr uint32_t kFrameSingleCopy = 1;      // read with process_vm_readv (or plain loads)
+constexpr uint32_t kFrameShared = 2;          // inside a buffer the receiver has mapped
 
 // Identifies an operation; identical on every rank that takes part.
 struct Fingerprint {
@@ -51,7 +52,7 @@ struct FrameHeader {
   uint64_t seq = 0;
   uint64_t count = 0;
   int32_t root = -1;
-  uint32_t flags = 0;  // kFrameSingleCopy: no payload follows; the receiver reads it in place
+  uint32_t flags = 0;  // kFrameSingleCopy/kFrameShared: no payload follows; read in place
   uint64_t bytes = 0;  // payload bytes that follow (or that the receiver reads in place)
 
   static FrameHeader of(const Fingerprint& fp, uint64_t seq, uint64_t bytes);

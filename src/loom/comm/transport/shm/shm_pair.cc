@@ -28,6 +28,14 @@ const IntTunable kSingleCopy("LOOM_SHM_SINGLE_COPY", 0,
                              "is read in place by its receiver (one copy); 0 = always the ring");
 const IntTunable kReadPiece("LOOM_SHM_READ_PIECE", 1 << 20,
                             "bytes a single-copy receiver copies per step");
+const IntTunable kSharedMin("LOOM_SHM_SHARED_MIN", 64 << 10,
+                            "a collective's message of at least this many bytes sent from a "
+                            "shared buffer (alloc_shared) is read in place by its receiver; "
+                            "0 = always the ring");
+const IntTunable kSharedMinAllreduce(
+    "LOOM_SHM_SHARED_MIN_ALLREDUCE", 32 << 20,
+    "the same for allreduce's messages (its reads in place lose to the ring below ~32 MiB "
+    "messages on the development machine: docs/perf.md)");
 constexpr size_t kBouncePiece = 128 << 10;  // a reduction's piece read from another process
 std::atomic<uint64_t> g_read_in_place{0};
 
@@ -121,6 +129,8 @@ ShmPair::ShmPair(int self, int peer, shm::Segment seg, int side)
   mask_ = ring_bytes_ - 1;
   chunk_ = std::max<size_t>(kSlot, static_cast<size_t>(kShmChunk.get()) & ~(kSlot - 1));
   single_copy_min_ = static_cast<size_t>(std::max<int64_t>(0, kSingleCopy.get()));
+  shared_min_ = static_cast<size_t>(std::max<int64_t>(0, kSharedMin.get()));
+  shared_min_allreduce_ = static_cast<size_t>(std::max<int64_t>(0, kSharedMinAllreduce.get()));
   if (side == 1) {
     if (single_copy_min_ > 0) allow_peer_reads();
     h->probe_addr[1] = reinterpret_cast<uintptr_t>(&kProbeWord);
@@ -251,12 +261,21 @@ bool ShmPair::progress_send() {
       tx_head_seen_ = load_acquire(tx_head_);
       free = ring_bytes_ - (tx_pos_ - tx_head_seen_);
     }
-    if (r.progress == 0 && r.in_place_ok && single_copy_min_ > 0 && r.bytes >= single_copy_min_ &&
-        peer_reads_in_place()) {
+    uint32_t in_place = 0;
+    if (r.progress == 0 && r.in_place_ok && r.bytes > 0) {
+      const size_t min = r.header.op == static_cast<uint8_t>(OpKind::kAllreduce)
+                             ? shared_min_allreduce_
+                             : shared_min_;
+      if (shared_ && min > 0 && r.bytes >= min && shared_->owns(r.buf, r.bytes))
+        in_place = kFrameShared;
+      else if (single_copy_min_ > 0 && r.bytes >= single_copy_min_ && peer_reads_in_place())
+        in_place = kFrameSingleCopy;
+    }
+    if (in_place) {
       if (free < kSlot) break;
       std::byte* slot = tx_data_ + (tx_pos_ & mask_);
       FrameHeader h = r.header;
-      h.flags |= kFrameSingleCopy;
+      h.flags |= in_place;
       const uint64_t addr = reinterpret_cast<uintptr_t>(r.buf);
       std::memcpy(slot, &h, sizeof h);
       std::memcpy(slot + sizeof h, &addr, sizeof addr);
@@ -351,12 +370,24 @@ bool ShmPair::progress_recv() {
       const std::byte* slot = rx_data_ + (rx_pos_ & mask_);
       std::memcpy(&h, slot, sizeof h);
       check_header(r, h);
-      if (h.flags & kFrameSingleCopy) std::memcpy(&rx_remote_, slot + sizeof h, sizeof rx_remote_);
+      const bool in_place = (h.flags & (kFrameSingleCopy | kFrameShared)) != 0;
+      if (in_place) std::memcpy(&rx_remote_, slot + sizeof h, sizeof rx_remote_);
       rx_pos_ += kSlot;
       r.header_seen = true;
       moved = true;
-      if (h.flags & kFrameSingleCopy) {
+      if (in_place) {
         store_release(rx_head_, rx_pos_);
+        rx_local_ = nullptr;
+        if (h.flags & kFrameShared) {
+          rx_local_ = shared_ ? shared_->translate(peer_, rx_remote_, r.bytes) : nullptr;
+          if (!rx_local_)
+            throw PeerError(PeerError::Kind::kProtocol,
+                            "rank " + std::to_string(world_self_) + ": rank " +
+                                std::to_string(world_peer_) +
+                                " sent from a shared buffer this rank has not mapped (were "
+                                "alloc_shared calls made in the same order on every rank?)",
+                            peer_);
+        }
         rx_in_place_ = true;
         continue;
       }
@@ -391,6 +422,10 @@ bool ShmPair::progress_recv() {
 void ShmPair::read_in_place(RecvReq& r) {
   const size_t piece = static_cast<size_t>(std::max<int64_t>(4096, kReadPiece.get())) & ~size_t{63};
   const size_t left = r.bytes - r.got;
+  if (rx_local_) {  // a shared buffer: our own mapping of it
+    deliver(r, rx_local_ + r.got, std::min(left, piece));
+    return;
+  }
   const auto* remote = reinterpret_cast<const std::byte*>(rx_remote_) + r.got;
   if (peer_pid_ == ::getpid()) {  // a thread rank: its buffer is in our address space
     deliver(r, remote, std::min(left, piece));

@@ -15,13 +15,19 @@
 // ranks) and then bumps an acknowledgement counter, which completes the send. One copy per
 // byte instead of two. Each side probes once whether it may read its peer's memory and
 // publishes the answer; a sender reads in place only toward a peer that can.
+//
+// Shared buffers (Communicator::alloc_shared, LOOM_SHM_SHARED_MIN bytes and up): a send
+// from inside a buffer every local peer has mapped goes the same way, and the receiver
+// reads it through its own mapping: plain loads, no system call, on every kernel.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "loom/comm/transport/pair.h"
 #include "loom/comm/transport/shm/segment.h"
+#include "loom/comm/transport/shm/shared_regions.h"
 
 namespace loom::comm {
 
@@ -38,6 +44,11 @@ class ShmPair : public Pair {
   static size_t default_ring_bytes();
   // Payload bytes this process has received by reading senders' buffers in place (tests).
   static uint64_t bytes_read_in_place();
+
+  // The communicator's shared buffers (before the first operation).
+  void use_shared(std::shared_ptr<const shm::SharedRegions> regions) {
+    shared_ = std::move(regions);
+  }
 
   bool progress() override;
   void check_peer() override;
@@ -83,8 +94,11 @@ class ShmPair : public Pair {
   uint64_t* rx_ack_;
   uint64_t acked_ = 0;        // acknowledgements already applied to unacked_
   uint64_t rx_acks_ = 0;      // in-place messages we have finished reading
-  bool rx_in_place_ = false;  // the front receive reads from rx_remote_
+  bool rx_in_place_ = false;  // the front receive reads from rx_remote_ (or rx_local_)
   uint64_t rx_remote_ = 0;
+  const std::byte* rx_local_ = nullptr;  // a shared buffer's message: our mapping of it
+  std::shared_ptr<const shm::SharedRegions> shared_;
+  size_t shared_min_, shared_min_allreduce_;
   std::vector<std::byte> bounce_;  // a reduction's pieces read from another process
 };
 
