@@ -88,8 +88,23 @@ def equivalence():
                 fail("metrics.jsonl lacks comm_wait_ms")
             if recompute == "none":
                 table.append((n, zero, last["state_peak_mb"]))
-    # Gradient reductions in bf16 (sums of the reduced values stay fp32): close, not equal.
+    # Shared buffers (zero.shared_buffers = auto): ZeRO's reduce-scatters and allgathers
+    # between the ranks of this machine are read in place from the senders' buffers (the
+    # losses above); with it off every message goes through the rings, same losses.
     base = losses(os.path.join(WORK, "eq_1_none"))
+    for name, n, zero, rc in runs:
+        if zero >= 1 and rc == "none":
+            d = os.path.join(WORK, "eq_%d_z%d_none" % (n, zero))
+            moved = sum(sum(m["comm_in_place_mb"]) for m in metrics(d))
+            if moved <= 0:
+                fail("%s: no gradient or parameter was read in place (comm_in_place_mb)" % name)
+            print("ok  %s read %.0f MiB in place" % (name, moved))
+    d = os.path.join(WORK, "eq_shared_off")
+    train(d, 2, "--set", "train.zero=3", "--set", "zero.shared_buffers=off")
+    compare("n=2 zero=3 zero.shared_buffers=off", losses(d), base)
+    if any(sum(m["comm_in_place_mb"]) for m in metrics(d)):
+        fail("zero.shared_buffers=off still read messages in place")
+    # Gradient reductions in bf16 (sums of the reduced values stay fp32): close, not equal.
     for zero in (3,) if SANITIZED else (0, 3):
         d = os.path.join(WORK, "eq_bf16_z%d" % zero)
         train(d, 2, "--set", "train.zero=%d" % zero, "--set", "zero.comm_dtype=bf16")

@@ -271,6 +271,23 @@ inline int sweep_shared(Communicator& c, const std::vector<size_t>& counts,
     throw;
   }
   t_sweep_arena = nullptr;  // every operation has finished: no peer reads `mem` any more
+  // Fresh buffers, one after another: each is mapped by the peers on first use and dropped
+  // once freed (the last round's buffers are freed while the next ones are named).
+  for (int k = 1; k <= 6; ++k) {
+    const size_t count = 1000 * k + 3;
+    comm::SharedBuffer mine = c.alloc_shared(count * sizeof(float));
+    comm::SharedBuffer all = c.alloc_shared(count * c.size() * sizeof(float));
+    for (size_t i = 0; i < count; ++i) mine.as<float>()[i] = static_cast<float>(c.rank() * k + i);
+    c.allgather(mine.data(), all.data(), count, DType::kF32);
+    for (int q = 0; q < c.size(); ++q)
+      for (size_t i = 0; i < count; ++i)
+        if (all.as<float>()[q * count + i] != static_cast<float>(q * k + i)) {
+          report(where + " fresh shared buffer " + std::to_string(k) + ": wrong element");
+          ++wrong;
+          q = c.size();
+          break;
+        }
+  }
   return wrong;
 }
 

@@ -18,6 +18,7 @@
 #include "loom/comm/reduce.h"
 #include "loom/comm/store/prefix_store.h"
 #include "loom/comm/transport/shm/segment.h"
+#include "loom/comm/transport/shm/shared_memory.h"
 #include "loom/comm/transport/shm/shm_pair.h"
 #include "loom/comm/transport/tcp/tcp_pair.h"
 #include "loom/core/check.h"
@@ -277,10 +278,8 @@ void Communicator::connect(Deadline deadline) {
   if (accept_error) std::rethrow_exception(accept_error);
   for (int q = 0; q < size_; ++q)
     if (expect[q]) pairs_[q] = std::make_unique<TcpPair>(rank_, q, std::move(accepted[q]));
-  for (int q = 0; q < size_; ++q) {
+  for (int q = 0; q < size_; ++q)
     if (pairs_[q]) pairs_[q]->name_ends(world_ranks_[rank_], world_ranks_[q]);
-    if (auto* sp = dynamic_cast<ShmPair*>(pairs_[q].get())) sp->use_shared(shared_);
-  }
 
   LOOM_LOG(kInfo, "comm") << "communicator '" << cfg_.name << "' rank " << rank_ << "/" << size_
                           << ": " << topo_.describe();
@@ -317,11 +316,11 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
 
 // ------------------------------------------------------------------ shared buffers
 
+SharedBuffer::SharedBuffer(size_t bytes) : data_(shm::shared_alloc(bytes)), bytes_(bytes) {}
+
 SharedBuffer& SharedBuffer::operator=(SharedBuffer&& o) noexcept {
   if (this != &o) {
-    release();
-    seg_ = std::move(o.seg_);
-    regions_ = std::move(o.regions_);
+    shm::shared_free(data_);
     data_ = std::exchange(o.data_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
   }
@@ -329,62 +328,16 @@ SharedBuffer& SharedBuffer::operator=(SharedBuffer&& o) noexcept {
 }
 
 SharedBuffer::~SharedBuffer() {
-  release();
+  shm::shared_free(data_);
 }
 
-void SharedBuffer::release() {
-  if (!seg_) return;
-  if (regions_) regions_->remove_own(data_);
-  auto* h = static_cast<shm::SharedHeader*>(seg_->data());
-  std::atomic_ref<uint32_t>(h->released).store(1, std::memory_order_release);
-  seg_.reset();
-  data_ = nullptr;
-  bytes_ = 0;
-}
-
-SharedBuffer Communicator::alloc_shared(size_t bytes) {
-  shared_->drop_released();  // peers' buffers freed since the last call
-  auto seg = std::make_unique<shm::Segment>(shm::Segment::create(shm::kSharedHeader + bytes));
-  auto* header = static_cast<shm::SharedHeader*>(seg->data());
-  header->magic = shm::kSharedMagic;
-  std::byte* data = static_cast<std::byte*>(seg->data()) + shm::kSharedHeader;
-  struct Record {
-    uint64_t data;
-    uint64_t bytes;
-    char name[112];
+StateSource* shared_state_source() {
+  struct Source final : StateSource {
+    void* allocate(size_t bytes) override { return shm::shared_alloc(bytes); }
+    void deallocate(void* p) override { shm::shared_free(p); }
   };
-  static_assert(sizeof(Record) == 128);
-  Record mine{};
-  mine.data = reinterpret_cast<uintptr_t>(data);
-  mine.bytes = bytes;
-  LOOM_CHECK(seg->name().size() < sizeof mine.name);
-  std::memcpy(mine.name, seg->name().data(), seg->name().size());
-  std::vector<Record> all(static_cast<size_t>(size_));
-  try {
-    allgather(&mine, all.data(), sizeof(Record), DType::kU8);
-    // Map every local peer's buffer; only then may anyone send from its own in place.
-    for (int q = 0; q < size_; ++q) {
-      if (!dynamic_cast<ShmPair*>(pairs_[q].get())) continue;
-      shm::Segment map = shm::Segment::open(std::string(all[q].name));
-      auto* h = static_cast<shm::SharedHeader*>(map.data());
-      if (map.size() != shm::kSharedHeader + all[q].bytes || h->magic != shm::kSharedMagic)
-        throw Error("rank " + std::to_string(world_ranks_[rank_]) + ": the shared buffer of rank " +
-                    std::to_string(world_ranks_[q]) + " (" + all[q].name + ") is not one");
-      shared_->add_peer(q, all[q].data, all[q].bytes, std::move(map));
-    }
-    barrier();
-  } catch (...) {
-    seg->unlink();
-    throw;
-  }
-  seg->unlink();  // every peer has it mapped
-  shared_->add_own(data, bytes);
-  SharedBuffer b;
-  b.seg_ = std::move(seg);
-  b.regions_ = shared_;
-  b.data_ = data;
-  b.bytes_ = bytes;
-  return b;
+  static Source source;
+  return &source;
 }
 
 Communicator::~Communicator() {

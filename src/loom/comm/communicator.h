@@ -31,17 +31,18 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "loom/comm/exec.h"
 #include "loom/comm/store/store.h"
 #include "loom/comm/topology.h"
 #include "loom/comm/transport/pair.h"
-#include "loom/comm/transport/shm/shared_regions.h"
 #include "loom/comm/tuning.h"
 #include "loom/comm/types.h"
 #include "loom/comm/work.h"
 #include "loom/core/dtype.h"
+#include "loom/core/state_memory.h"
 
 namespace loom::comm {
 
@@ -62,12 +63,14 @@ struct OpOptions {
   double timeout_s = 0;     // 0: the communicator's default
 };
 
-// Memory from Communicator::alloc_shared: zero-filled, page-aligned, mapped by every rank of
-// this machine. Move-only; destroying it frees it (only once no operation uses it).
+// Memory from Communicator::alloc_shared: zero-filled, page-aligned, readable by the other
+// processes of this machine. Move-only; destroying it frees it (once no operation uses it).
 class SharedBuffer {
  public:
   SharedBuffer() = default;
-  SharedBuffer(SharedBuffer&& o) noexcept = default;
+  explicit SharedBuffer(size_t bytes);
+  SharedBuffer(SharedBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
   SharedBuffer& operator=(SharedBuffer&& o) noexcept;
   ~SharedBuffer();
 
@@ -79,13 +82,13 @@ class SharedBuffer {
   }
 
  private:
-  friend class Communicator;
-  void release();
-  std::unique_ptr<shm::Segment> seg_;
-  std::shared_ptr<shm::SharedRegions> regions_;
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// StateVectors in shared buffers (a StateMemory::SourceScope with this source): what
+// DataParallel uses for its parameters and gradients when comm.shared_buffers is on.
+StateSource* shared_state_source();
 
 class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
@@ -105,11 +108,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::shared_ptr<Communicator> split(int color, int key);
   // The algorithm `auto` picks for this op and size here (for reports and tests).
   Algo chosen_algo(OpKind op, size_t bytes, Algo requested = Algo::kAuto) const;
-  // `bytes` of memory the other ranks of this machine map too. A collective's message sent
-  // from inside it (LOOM_SHM_SHARED_MIN bytes and up) is read in place by its receiver on
-  // this machine instead of going through the ring. Collective: every rank calls it, in the
-  // same order as its other collectives; a buffer serves this communicator's operations.
-  SharedBuffer alloc_shared(size_t bytes);
+  // `bytes` of memory the other processes of this machine can map. A collective's message
+  // sent from inside it (LOOM_SHM_SHARED_MIN bytes and up; allreduce's from
+  // LOOM_SHM_SHARED_MIN_ALLREDUCE) to a rank on this machine is read in place by that rank
+  // instead of going through the ring. Local (not collective), usable with any communicator.
+  static SharedBuffer alloc_shared(size_t bytes) { return SharedBuffer(bytes); }
 
   // Keeps an object (e.g. the store server) alive as long as this communicator.
   void hold(std::shared_ptr<void> keepalive) { keepalive_.push_back(std::move(keepalive)); }
@@ -222,7 +225,6 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Topology topo_;
   WaitPolicy wait_policy_;
   std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer rank; null for self
-  std::shared_ptr<shm::SharedRegions> shared_ = std::make_shared<shm::SharedRegions>();
   std::vector<std::byte> scratch_;
   std::vector<uint64_t> p2p_send_seq_, p2p_recv_seq_;
   int splits_ = 0;

@@ -75,6 +75,9 @@ DataParallel::DataParallel(model::Gpt& model, DpGroups groups, DpOptions o)
   unit_grads_.resize(nu);
   gathered_.resize(nu);
   gathering_.resize(nu);
+  if (opt_.shared_buffers && dp_ && !dp_->topology().force_tcp && dp_->topology().max_local() > 1)
+    source_ = comm::shared_state_source();
+  StateMemory::SourceScope from(source_);
   switch (opt_.zero) {
     case 0:
     case 1:
@@ -182,7 +185,10 @@ void DataParallel::for_each_slice(int u, size_t lo, size_t hi, Fn fn) const {
 
 StateVector DataParallel::take(size_t n) {
   auto it = pool_.find(n);
-  if (it == pool_.end()) return StateVector(n);
+  if (it == pool_.end()) {
+    StateMemory::SourceScope from(source_);
+    return StateVector(n);
+  }
   StateVector v = std::move(it->second);
   pool_.erase(it);
   return v;

@@ -53,6 +53,11 @@ struct DpOptions {
   int zero = 0;                    // 0..3
   bool shard_within_node = false;  // zero.shard_group = node
   bool comm_bf16 = false;          // gradient reductions in bf16 (sums stay fp32 locally)
+  // zero.shared_buffers: parameters, gradients and gathered units in memory the other ranks
+  // of the machine map (Communicator::alloc_shared), so reduce-scatters and allgathers
+  // between them are read in place instead of copied through the rings. Used only where
+  // data-parallel ranks share a machine.
+  bool shared_buffers = true;
   // Pipeline parallelism: the units this rank's stage holds (empty: all); unit 0 held only
   // as the tied head's copy of the embedding (the last stage), whose gradient is summed
   // with the first stage's over the embedding group and which the first stage writes.
@@ -170,6 +175,7 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   std::vector<comm::WorkPtr> gathering_;  // stage 3: gathers in flight
   std::vector<std::unique_ptr<optim::AdamW>> adam_;
   std::multimap<size_t, StateVector> pool_;
+  StateSource* source_ = nullptr;  // where params_, grads_ and pooled buffers live
   std::deque<Pending> pending_;
   Phase phase_ = Phase::kIdle;
   bool last_micro_ = true;

@@ -109,6 +109,10 @@ std::vector<Field> fields_of(TrainConfig& c) {
        [&] {
          return one_of(c.comm_dtype, {"fp32", "bf16"});
        }},
+      {"zero.shared_buffers", &c.shared_buffers,
+       [&] {
+         return one_of(c.shared_buffers, {"auto", "off"});
+       }},
       {"optim.lr", &c.lr, [&] { return in_range(c.lr, 0, 10); }},
       {"optim.min_lr_ratio", &c.min_lr_ratio, [&] { return in_range(c.min_lr_ratio, 0, 1); }},
       {"optim.warmup_steps", &c.warmup_steps, [&] { return at_least(c.warmup_steps, 0); }},

@@ -54,6 +54,7 @@ struct TrainConfig {
   // [zero]
   std::string shard_group = "world";  // world | node (shard inside a machine, replicate across)
   std::string comm_dtype = "fp32";    // fp32 | bf16: dtype of gradient reductions
+  std::string shared_buffers = "auto";  // auto | off: model state in memory local ranks map
   std::string zero_offload = "none";  // none | disk: Adam's moments in a file, streamed
   std::string zero_offload_dir;       // that file's folder; "": run.dir/offload
   // [optim]

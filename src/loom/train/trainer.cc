@@ -15,6 +15,7 @@
 #include "loom/ckpt/checkpoint.h"
 #include "loom/comm/bootstrap.h"
 #include "loom/comm/flight_recorder.h"
+#include "loom/comm/transport/shm/shm_pair.h"
 #include "loom/core/cpus.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
@@ -132,6 +133,7 @@ class Trainer {
   // backward and gradient reductions, the optimizer (with ZeRO's gathers and any offload),
   // and the data-parallel communication waited for during the first two and the optimizer.
   double data_s_ = 0, fb_s_ = 0, optim_s_ = 0, fb_comm_s_ = 0, optim_comm_s_ = 0;
+  uint64_t in_place_seen_ = 0;  // comm::ShmPair::bytes_read_in_place() at the last step
   std::unique_ptr<profile::SystemSampler> sampler_;  // rank 0: system.jsonl
   // For --plan: every step's time and the largest model-state and activation high-water
   // marks over the ranks.
@@ -444,10 +446,15 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   const double blocked_ms = tp_comm_ms + pp_wait_ms;
   const double exposed_ms = comm_wait_ms - optim_comm_s_ * 1e3 + blocked_ms;
   const double compute_ms = std::max(0.0, (fb_s_ - fb_comm_s_) * 1e3 - blocked_ms);
-  constexpr int kPerRank = 11;
+  // Bytes this rank received by reading senders' buffers in place in the step (shared
+  // buffers, docs/algorithms.md "Single copy").
+  const uint64_t in_place = comm::ShmPair::bytes_read_in_place();
+  const double in_place_mb = static_cast<double>(in_place - in_place_seen_) / (1 << 20);
+  in_place_seen_ = in_place;
+  constexpr int kPerRank = 12;
   const auto mem = world_gather({static_cast<double>(StateMemory::peak()), peak_rss_bytes(), act,
                                  block_act, pp_wait_ms, offload_mb, moments_mb, optim_s_ * 1e3,
-                                 data_s_ * 1e3, compute_ms, exposed_ms});
+                                 data_s_ * 1e3, compute_ms, exposed_ms, in_place_mb});
   for (int q = 0; q < world_; ++q) {
     state_peak_max_ = std::max(state_peak_max_, mem[kPerRank * q]);
     act_peak_max_ = std::max(act_peak_max_, mem[kPerRank * q + 2]);
@@ -462,7 +469,7 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
                  wait_ms = nlohmann::json::array(), spill_mb = nlohmann::json::array(),
                  zero_io_mb = nlohmann::json::array(), optim_ms = nlohmann::json::array(),
                  data_ms = nlohmann::json::array(), compute = nlohmann::json::array(),
-                 exposed = nlohmann::json::array();
+                 exposed = nlohmann::json::array(), in_place_mb_all = nlohmann::json::array();
   for (int q = 0; q < world_; ++q) {
     const double* r = mem.data() + kPerRank * q;
     state_mb.push_back(r[0] / (1 << 20));
@@ -476,6 +483,7 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
     data_ms.push_back(r[8]);
     compute.push_back(r[9]);
     exposed.push_back(r[10]);
+    in_place_mb_all.push_back(r[11]);
   }
   nlohmann::json j = {{"step", step + 1},
                       {"loss", loss},
@@ -492,7 +500,8 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
                       {"optim_ms", optim_ms},
                       {"data_ms", data_ms},
                       {"compute_ms", compute},
-                      {"exposed_comm_ms", exposed}};
+                      {"exposed_comm_ms", exposed},
+                      {"comm_in_place_mb", in_place_mb_all}};
   if (tp_) j["tp_comm_ms"] = tp_comm_ms, j["tp_comm_mb"] = tp_comm_mb;
   if (pipeline_) j["pp_wait_ms"] = wait_ms;
   if (pipeline_ && pipeline_->offload()) j["offload_mb"] = spill_mb;
@@ -633,6 +642,7 @@ int Trainer::run() {
   dpo.zero = static_cast<int>(cfg_.zero);
   dpo.shard_within_node = cfg_.shard_group == "node";
   dpo.comm_bf16 = cfg_.comm_dtype == "bf16";
+  dpo.shared_buffers = cfg_.shared_buffers == "auto";
   dpo.moments = moments_;
   if (mesh_->pp() > 1) {
     pipeline_ = std::make_unique<parallel::PipelineStage>(

@@ -262,11 +262,12 @@ bool ShmPair::progress_send() {
       free = ring_bytes_ - (tx_pos_ - tx_head_seen_);
     }
     uint32_t in_place = 0;
+    shm::SharedRef ref;
     if (r.progress == 0 && r.in_place_ok && r.bytes > 0) {
       const size_t min = r.header.op == static_cast<uint8_t>(OpKind::kAllreduce)
                              ? shared_min_allreduce_
                              : shared_min_;
-      if (shared_ && min > 0 && r.bytes >= min && shared_->owns(r.buf, r.bytes))
+      if (min > 0 && r.bytes >= min && shm::shared_find(r.buf, r.bytes, &ref))
         in_place = kFrameShared;
       else if (single_copy_min_ > 0 && r.bytes >= single_copy_min_ && peer_reads_in_place())
         in_place = kFrameSingleCopy;
@@ -279,6 +280,8 @@ bool ShmPair::progress_send() {
       const uint64_t addr = reinterpret_cast<uintptr_t>(r.buf);
       std::memcpy(slot, &h, sizeof h);
       std::memcpy(slot + sizeof h, &addr, sizeof addr);
+      std::memcpy(slot + sizeof h + 8, &ref.id, sizeof ref.id);
+      std::memcpy(slot + sizeof h + 16, &ref.fd, sizeof ref.fd);
       tx_pos_ += kSlot;
       store_release(tx_tail_, tx_pos_);
       r.progress = kSlot;
@@ -379,14 +382,10 @@ bool ShmPair::progress_recv() {
         store_release(rx_head_, rx_pos_);
         rx_local_ = nullptr;
         if (h.flags & kFrameShared) {
-          rx_local_ = shared_ ? shared_->translate(peer_, rx_remote_, r.bytes) : nullptr;
-          if (!rx_local_)
-            throw PeerError(PeerError::Kind::kProtocol,
-                            "rank " + std::to_string(world_self_) + ": rank " +
-                                std::to_string(world_peer_) +
-                                " sent from a shared buffer this rank has not mapped (were "
-                                "alloc_shared calls made in the same order on every rank?)",
-                            peer_);
+          shm::SharedRef ref;
+          std::memcpy(&ref.id, slot + sizeof h + 8, sizeof ref.id);
+          std::memcpy(&ref.fd, slot + sizeof h + 16, sizeof ref.fd);
+          rx_local_ = map_shared(ref, r.bytes);
         }
         rx_in_place_ = true;
         continue;
@@ -417,6 +416,22 @@ bool ShmPair::progress_recv() {
     }
   }
   return moved;
+}
+
+// Our address of the shared buffer an in-place frame names (its own address on a thread
+// rank of this process).
+const std::byte* ShmPair::map_shared(const shm::SharedRef& ref, size_t bytes) {
+  if (!probed_) probe_peer();  // a frame arrived, so the peer's pid is published
+  if (peer_pid_ == ::getpid()) return reinterpret_cast<const std::byte*>(rx_remote_);
+  std::string why;
+  const std::byte* p = peer_buffers_.translate(peer_pid_, ref, rx_remote_, bytes, &why);
+  if (!p)
+    throw PeerError(PeerError::Kind::kProtocol,
+                    "rank " + std::to_string(world_self_) + " cannot read rank " +
+                        std::to_string(world_peer_) + "'s shared buffer: " + why +
+                        " (set LOOM_SHM_SHARED_MIN=0 to send every message through the ring)",
+                    peer_);
+  return p;
 }
 
 void ShmPair::read_in_place(RecvReq& r) {

@@ -17,17 +17,16 @@
 // publishes the answer; a sender reads in place only toward a peer that can.
 //
 // Shared buffers (Communicator::alloc_shared, LOOM_SHM_SHARED_MIN bytes and up): a send
-// from inside a buffer every local peer has mapped goes the same way, and the receiver
-// reads it through its own mapping: plain loads, no system call, on every kernel.
+// from inside one goes the same way, naming the buffer, and the receiver reads it through
+// its own mapping of it (made on first use): plain loads, no system call per message.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "loom/comm/transport/pair.h"
 #include "loom/comm/transport/shm/segment.h"
-#include "loom/comm/transport/shm/shared_regions.h"
+#include "loom/comm/transport/shm/shared_memory.h"
 
 namespace loom::comm {
 
@@ -45,11 +44,6 @@ class ShmPair : public Pair {
   // Payload bytes this process has received by reading senders' buffers in place (tests).
   static uint64_t bytes_read_in_place();
 
-  // The communicator's shared buffers (before the first operation).
-  void use_shared(std::shared_ptr<const shm::SharedRegions> regions) {
-    shared_ = std::move(regions);
-  }
-
   bool progress() override;
   void check_peer() override;
   const char* kind() const override { return "shm"; }
@@ -66,6 +60,7 @@ class ShmPair : public Pair {
   bool peer_reads_in_place();
   // Copies or reduces the next piece of an in-place message into `r`.
   void read_in_place(RecvReq& r);
+  const std::byte* map_shared(const shm::SharedRef& ref, size_t bytes);
   [[noreturn]] void read_failed(int err);
 
   shm::Segment seg_;
@@ -97,7 +92,7 @@ class ShmPair : public Pair {
   bool rx_in_place_ = false;  // the front receive reads from rx_remote_ (or rx_local_)
   uint64_t rx_remote_ = 0;
   const std::byte* rx_local_ = nullptr;  // a shared buffer's message: our mapping of it
-  std::shared_ptr<const shm::SharedRegions> shared_;
+  shm::PeerMappings peer_buffers_;
   size_t shared_min_, shared_min_allreduce_;
   std::vector<std::byte> bounce_;  // a reduction's pieces read from another process
 };

@@ -1,0 +1,176 @@
+#include "loom/comm/transport/shm/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include "loom/core/error.h"
+
+namespace loom::comm::shm {
+namespace {
+
+constexpr size_t kHeader = 4096;
+constexpr uint64_t kMagic = 0x314248534d4f4f4cull;  // "LOOMSHB1"
+
+struct Header {
+  uint64_t magic;
+  uint64_t id;
+  uint64_t data;  // the owner's address of the data
+  uint64_t bytes;
+  uint32_t released;
+};
+
+struct Own {
+  uintptr_t data;
+  size_t bytes;
+  uint64_t id;
+  int fd;
+};
+
+std::mutex g_mu;
+std::vector<Own> g_own;
+size_t g_held = 0;
+
+uint64_t next_id() {  // unique in this process (a peer keys its mappings by it)
+  static std::atomic<uint64_t> counter{(uint64_t{std::random_device{}()} << 32) + 1};
+  return counter.fetch_add(1);
+}
+
+}  // namespace
+
+void* shared_alloc(size_t bytes) {
+  int fd = ::memfd_create("loom-shared", MFD_CLOEXEC);
+  if (fd < 0) throw Error("memfd_create failed: " + errno_text(errno));
+  const size_t size = kHeader + bytes;
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw Error("sizing shared memory to " + std::to_string(size) + " bytes failed: " +
+                errno_text(err) + "; is memory (or the memfd limit) exhausted?");
+  }
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (base == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd);
+    throw Error("mapping " + std::to_string(size) +
+                " bytes of shared memory failed: " + errno_text(err));
+  }
+  auto* h = static_cast<Header*>(base);
+  auto* data = static_cast<std::byte*>(base) + kHeader;
+  h->id = next_id();
+  h->data = reinterpret_cast<uintptr_t>(data);
+  h->bytes = bytes;
+  std::atomic_ref<uint64_t>(h->magic).store(kMagic, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_own.push_back({reinterpret_cast<uintptr_t>(data), bytes, h->id, fd});
+  g_held += bytes;
+  return data;
+}
+
+void shared_free(void* data) {
+  if (!data) return;
+  Own o{};
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = std::find_if(g_own.begin(), g_own.end(), [&](const Own& x) {
+      return x.data == reinterpret_cast<uintptr_t>(data);
+    });
+    if (it == g_own.end()) return;
+    o = *it;
+    g_own.erase(it);
+    g_held -= o.bytes;
+  }
+  auto* base = static_cast<std::byte*>(data) - kHeader;
+  std::atomic_ref<uint32_t>(reinterpret_cast<Header*>(base)->released)
+      .store(1, std::memory_order_release);
+  ::munmap(base, kHeader + o.bytes);
+  ::close(o.fd);
+}
+
+bool shared_find(const void* p, size_t bytes, SharedRef* ref) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (const Own& o : g_own)
+    if (a >= o.data && a - o.data <= o.bytes && bytes <= o.bytes - (a - o.data)) {
+      *ref = {o.id, o.fd};
+      return true;
+    }
+  return false;
+}
+
+size_t shared_bytes_held() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_held;
+}
+
+PeerMappings::~PeerMappings() {
+  for (auto& [id, m] : maps_) ::munmap(m.base, m.size);
+}
+
+void PeerMappings::drop_released() {
+  for (auto it = maps_.begin(); it != maps_.end();) {
+    auto* h = static_cast<Header*>(it->second.base);
+    if (std::atomic_ref<uint32_t>(h->released).load(std::memory_order_acquire)) {
+      ::munmap(it->second.base, it->second.size);
+      it = maps_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+const std::byte* PeerMappings::translate(int pid, const SharedRef& ref, uint64_t remote,
+                                         size_t bytes, std::string* why) {
+  auto it = maps_.find(ref.id);
+  if (it != maps_.end() &&
+      std::atomic_ref<uint32_t>(static_cast<Header*>(it->second.base)->released)
+          .load(std::memory_order_acquire)) {
+    ::munmap(it->second.base, it->second.size);  // freed since: never read it again
+    maps_.erase(it);
+    it = maps_.end();
+  }
+  if (it == maps_.end()) {
+    drop_released();
+    const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(ref.fd);
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      *why = "cannot open " + path + ": " + errno_text(errno);
+      return nullptr;
+    }
+    struct stat st {};
+    ::fstat(fd, &st);
+    const size_t size = static_cast<size_t>(st.st_size);
+    void* base = size >= kHeader ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    const int err = errno;
+    ::close(fd);
+    if (base == MAP_FAILED) {
+      *why = "cannot map " + path + ": " + (size < kHeader ? "too small" : errno_text(err));
+      return nullptr;
+    }
+    auto* h = static_cast<Header*>(base);  // read only: mapped PROT_READ
+    if (std::atomic_ref<uint64_t>(h->magic).load(std::memory_order_acquire) != kMagic ||
+        h->id != ref.id || kHeader + h->bytes != size) {
+      ::munmap(base, size);
+      *why = path + " is not the shared buffer the message names";
+      return nullptr;
+    }
+    it = maps_.emplace(ref.id, Map{base, size, h->data, h->bytes}).first;
+  }
+  const Map& m = it->second;
+  if (remote < m.data || remote - m.data > m.bytes || bytes > m.bytes - (remote - m.data)) {
+    *why = "the message lies outside the shared buffer it names";
+    return nullptr;
+  }
+  return static_cast<const std::byte*>(m.base) + kHeader + (remote - m.data);
+}
+
+}  // namespace loom::comm::shm
