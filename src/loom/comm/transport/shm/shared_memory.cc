@@ -149,7 +149,11 @@ const std::byte* PeerMappings::translate(int pid, const SharedRef& ref, uint64_t
     struct stat st {};
     ::fstat(fd, &st);
     const size_t size = static_cast<size_t>(st.st_size);
-    void* base = size >= kHeader ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    // Populated at once: a first touch per page later would trap (more so under a hypervisor
+    // that shadows page tables) in the middle of a transfer.
+    void* base = size >= kHeader
+                     ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0)
+                     : MAP_FAILED;
     const int err = errno;
     ::close(fd);
     if (base == MAP_FAILED) {
