@@ -52,11 +52,11 @@ struct TrainConfig {
   int64_t pp_active_microbatches = 0;  // most microbatches a stage holds; 0: the schedule's
   std::vector<int64_t> pp_split;       // units per virtual stage; empty: balanced by FLOPs
   // [zero]
-  std::string shard_group = "world";  // world | node (shard inside a machine, replicate across)
-  std::string comm_dtype = "fp32";    // fp32 | bf16: dtype of gradient reductions
+  std::string shard_group = "world";    // world | node (shard inside a machine, replicate across)
+  std::string comm_dtype = "fp32";      // fp32 | bf16: dtype of gradient reductions
   std::string shared_buffers = "auto";  // auto | off: model state in memory local ranks map
-  std::string zero_offload = "none";  // none | disk: Adam's moments in a file, streamed
-  std::string zero_offload_dir;       // that file's folder; "": run.dir/offload
+  std::string zero_offload = "none";    // none | disk: Adam's moments in a file, streamed
+  std::string zero_offload_dir;         // that file's folder; "": run.dir/offload
   // [optim]
   double lr = 6e-4;
   double min_lr_ratio = 0.1;  // cosine decays to lr x this at train.steps
