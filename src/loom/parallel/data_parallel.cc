@@ -77,21 +77,23 @@ DataParallel::DataParallel(model::Gpt& model, DpGroups groups, DpOptions o)
   gathering_.resize(nu);
   if (opt_.shared_buffers && dp_ && !dp_->topology().force_tcp && dp_->topology().max_local() > 1)
     source_ = comm::shared_state_source();
-  StateMemory::SourceScope from(source_);
-  switch (opt_.zero) {
-    case 0:
-    case 1:
-      params_.assign(full, 0.0f);
-      grads_.assign(full, 0.0f);
-      break;
-    case 2:
-      params_.assign(full, 0.0f);
-      grads_.assign(shard, 0.0f);
-      break;
-    case 3:
-      params_.assign(shard, 0.0f);
-      grads_.assign(shard, 0.0f);
-      break;
+  {
+    StateMemory::SourceScope from(source_);  // only these: the moments stay on the heap
+    switch (opt_.zero) {
+      case 0:
+      case 1:
+        params_.assign(full, 0.0f);
+        grads_.assign(full, 0.0f);
+        break;
+      case 2:
+        params_.assign(full, 0.0f);
+        grads_.assign(shard, 0.0f);
+        break;
+      case 3:
+        params_.assign(shard, 0.0f);
+        grads_.assign(shard, 0.0f);
+        break;
+    }
   }
   std::vector<optim::DecaySpan> decay;
   for (const model::Tensor& t : model_.tensors())
