@@ -226,9 +226,8 @@ void ShmPair::probe_peer() {
   peer_pid_ = std::atomic_ref<int32_t>(h->pid[other]).load(std::memory_order_acquire);
   if (peer_pid_ == 0) return;
   probed_ = true;
-  uint32_t verdict = 2;
+  uint32_t verdict = 2;  // cannot (or, with single copy off, will not) read the peer
   if (single_copy_min_ == 0) {
-    verdict = 2;
   } else if (peer_pid_ == ::getpid()) {
     verdict = 1;
   } else {
@@ -417,8 +416,13 @@ bool ShmPair::progress_recv() {
       moved = true;
       if (in_place) {
         store_release(rx_head_, rx_pos_);
+        // Where we read it: its own address on a thread rank of this process, our mapping
+        // of a shared buffer, or (nullptr) through process_vm_readv.
+        if (!probed_) probe_peer();  // a frame arrived, so the peer's pid is published
         rx_local_ = nullptr;
-        if (h.flags & kFrameShared) {
+        if (peer_pid_ == ::getpid()) {
+          rx_local_ = reinterpret_cast<const std::byte*>(rx_remote_);
+        } else if (h.flags & kFrameShared) {
           shm::SharedRef ref;
           std::memcpy(&ref.id, slot + sizeof h + 8, sizeof ref.id);
           std::memcpy(&ref.fd, slot + sizeof h + 16, sizeof ref.fd);
@@ -455,11 +459,8 @@ bool ShmPair::progress_recv() {
   return moved;
 }
 
-// Our address of the shared buffer an in-place frame names (its own address on a thread
-// rank of this process).
+// Our address of the shared buffer of another process that an in-place frame names.
 const std::byte* ShmPair::map_shared(const shm::SharedRef& ref, size_t bytes) {
-  if (!probed_) probe_peer();  // a frame arrived, so the peer's pid is published
-  if (peer_pid_ == ::getpid()) return reinterpret_cast<const std::byte*>(rx_remote_);
   std::string why;
   const std::byte* p = peer_buffers_.translate(peer_pid_, ref, rx_remote_, bytes, &why);
   if (!p)
@@ -474,15 +475,11 @@ const std::byte* ShmPair::map_shared(const shm::SharedRef& ref, size_t bytes) {
 void ShmPair::read_in_place(RecvReq& r) {
   const size_t piece = static_cast<size_t>(std::max<int64_t>(4096, kReadPiece.get())) & ~size_t{63};
   const size_t left = r.bytes - r.got;
-  if (rx_local_) {  // a shared buffer: our own mapping of it
+  if (rx_local_) {  // in our address space: plain loads
     deliver(r, rx_local_ + r.got, std::min(left, piece));
     return;
   }
   const auto* remote = reinterpret_cast<const std::byte*>(rx_remote_) + r.got;
-  if (peer_pid_ == ::getpid()) {  // a thread rank: its buffer is in our address space
-    deliver(r, remote, std::min(left, piece));
-    return;
-  }
   const bool reduce = r.a != nullptr;
   size_t n = std::min(left, reduce ? kBouncePiece : piece);
   if (reduce && bounce_.size() < kBouncePiece) bounce_.resize(kBouncePiece);

@@ -91,7 +91,8 @@ class ShmPair : public Pair {
   uint64_t rx_acks_ = 0;      // in-place messages we have finished reading
   bool rx_in_place_ = false;  // the front receive reads from rx_remote_ (or rx_local_)
   uint64_t rx_remote_ = 0;
-  const std::byte* rx_local_ = nullptr;  // a shared buffer's message: our mapping of it
+  const std::byte* rx_local_ = nullptr;  // the message in our address space (thread rank, or our
+                                         // mapping of a shared buffer); nullptr: process_vm_readv
   shm::PeerMappings peer_buffers_;
   size_t shared_min_, shared_min_allreduce_;
   std::vector<std::byte> bounce_;  // a reduction's pieces read from another process
