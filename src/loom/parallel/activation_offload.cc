@@ -56,9 +56,11 @@ void ActivationOffload::offload(int key, model::Activations& a, const float* kee
 // Written-out buffers wait here for the next read-back instead of leaving the process at
 // once: memory handed back and taken again costs a page fault per 4 KiB (a few us each in a
 // VM), about what the disk costs. At most one microbatch's worth (the largest slot) waits;
-// the rest is freed. Both run on the I/O thread.
+// the rest is freed. Both run on the I/O thread; drop_spares() empties them when a forward
+// is about to allocate afresh.
 void ActivationOffload::recycle(std::vector<float>&& b) {
   const size_t bytes = b.capacity() * sizeof(float);
+  std::lock_guard<std::mutex> lock(spare_mu_);
   if (spare_bytes_.load() + bytes <= spare_cap_.load()) {
     spare_bytes_ += bytes;
     spare_.push_back(std::move(b));
@@ -67,6 +69,7 @@ void ActivationOffload::recycle(std::vector<float>&& b) {
 }
 
 void ActivationOffload::reuse(std::vector<float>& b, size_t n) {
+  std::unique_lock<std::mutex> lock(spare_mu_);
   auto best = spare_.end();  // the smallest spare that fits
   for (auto it = spare_.begin(); it != spare_.end(); ++it)
     if (it->capacity() >= n && (best == spare_.end() || it->capacity() < best->capacity()))
@@ -76,7 +79,17 @@ void ActivationOffload::reuse(std::vector<float>& b, size_t n) {
     b.swap(*best);
     spare_.erase(best);
   }
+  lock.unlock();
   b.resize(n);
+}
+
+void ActivationOffload::drop_spares() {
+  std::vector<std::vector<float>> gone;
+  {
+    std::lock_guard<std::mutex> lock(spare_mu_);
+    gone.swap(spare_);
+    spare_bytes_ = 0;
+  }
 }
 
 void ActivationOffload::limit_backlog(size_t n) {

@@ -15,6 +15,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,9 @@ class ActivationOffload {
   size_t resident_bytes(int key) const;
   // Written-out buffers kept for the next read-back (at most one microbatch's worth).
   size_t spare_bytes() const { return spare_bytes_.load(); }
+  // Frees the spares: a forward about to allocate fresh buffers would otherwise hold a
+  // microbatch it computes, one being written and one kept for later at once.
+  void drop_spares();
 
   const std::string& path() const { return file_.path(); }
   double bytes_written() const { return written_; }
@@ -68,6 +72,7 @@ class ActivationOffload {
   void reuse(std::vector<float>& b, size_t n);  // I/O thread: b sized n, from a spare if one fits
 
   ScratchFile file_;
+  std::mutex spare_mu_;                    // the I/O thread fills spare_, either side empties it
   std::vector<std::vector<float>> spare_;  // written-out buffers for the next read-back
   std::atomic<size_t> spare_cap_{0};       // their most bytes: the largest microbatch
   std::atomic<size_t> spare_bytes_{0};

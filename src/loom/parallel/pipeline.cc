@@ -47,6 +47,9 @@ model::Activations& PipelineStage::hold(int m, int chunk) {
   auto& slot = acts_[m][chunk];
   if (!slot) {
     if (pool_.empty()) {
+      // The forward allocates its buffers afresh: the offloader's spares go first, so memory
+      // holds this microbatch and at most one being written, not a third kept for later.
+      if (offload_) offload_->drop_spares();
       slot = std::make_unique<model::Activations>();
     } else {
       slot = std::move(pool_.back());

@@ -125,7 +125,14 @@ wire::Message TcpStoreServer::execute(const wire::Message& req) {
   // Blocking requests wait in slices so a stopping server is not held up.
   auto wait_keys = [&](const std::vector<std::string>& keys) {
     while (true) {
-      if (stop_) throw PeerError(PeerError::Kind::kClosed, "store server is shutting down");
+      if (stop_) {
+        std::string names;
+        for (const std::string& k : keys) names += (names.empty() ? "" : ", ") + k;
+        throw PeerError(PeerError::Kind::kClosed,
+                        "the store is shutting down (the process hosting it is exiting) while "
+                        "this rank waited for " +
+                            names);
+      }
       try {
         local_.wait(keys, deadline.earlier(Deadline::after_seconds(0.1)));
         return;
@@ -207,10 +214,18 @@ wire::Message TcpStore::call(const wire::Message& req, Deadline deadline) {
                       "store error: " + (rep.strings.empty() ? std::string("?") : rep.strings[0]));
     return rep;
   } catch (const PeerError& e) {
-    if (e.kind() == PeerError::Kind::kClosed)
+    if (e.kind() == PeerError::Kind::kClosed) {
+      // Name what this rank was waiting for: where the store's host gave up on the same
+      // deadline a moment earlier, the key is the only hint of who never arrived.
+      std::string waited;
+      if (req.code == wire::Code::kGet || req.code == wire::Code::kWait) {
+        for (const std::string& k : req.strings) waited += (waited.empty() ? "" : ", ") + k;
+        waited = " while this rank waited for " + waited;
+      }
       throw PeerError(PeerError::Kind::kClosed,
-                      std::string(e.what()) +
+                      std::string(e.what()) + waited +
                           " (the process hosting the store, rank 0 or the launcher, has exited?)");
+    }
     throw;
   }
 }
