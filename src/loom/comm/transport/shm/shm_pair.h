@@ -56,6 +56,7 @@ class ShmPair : public Pair {
   bool progress_send();
   bool progress_recv();
   bool reap_acks();
+  uint64_t tail_seen() const;
   void probe_peer();
   bool peer_reads_in_place();
   // Copies or reduces the next piece of an in-place message into `r`.
@@ -68,6 +69,7 @@ class ShmPair : public Pair {
   size_t ring_bytes_;
   size_t mask_;
   size_t chunk_;
+  uint64_t stamp_key_;  // header-slot stamps (shm_pair.cc)
   // Producer side of our outgoing ring.
   std::byte* tx_data_;
   uint64_t* tx_tail_;
