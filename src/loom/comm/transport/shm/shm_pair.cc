@@ -352,7 +352,7 @@ bool ShmPair::progress_send() {
       FrameHeader h = r.header;
       if (inline_payload && r.bytes > 0) h.flags |= kFrameInline;
       std::memcpy(slot, &h, sizeof h);
-      if (inline_payload) std::memcpy(slot + sizeof h, r.buf, r.bytes);
+      if (inline_payload && r.bytes > 0) std::memcpy(slot + sizeof h, r.buf, r.bytes);
       store_release(reinterpret_cast<uint64_t*>(slot + kStampAt), stamp_of(tx_pos_, stamp_key_));
       tx_pos_ += kSlot;
       free -= kSlot;
