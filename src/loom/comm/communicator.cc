@@ -504,7 +504,7 @@ void Communicator::run(Op& op, bool on_caller) {
     uint64_t record;
   } w{this, nullptr, op.record};
   Exec x(
-      rank_, size_, pairs_, topo_, op.fp, op.seq, Deadline::after_seconds(t), wait_policy_,
+      rank_, size_, pairs_, topo_, op.fp, op.seq, Deadline::after_seconds_coarse(t), wait_policy_,
       [&w] {
         w.c->check_abort();
         if (!w.x) return;
@@ -512,7 +512,7 @@ void Communicator::run(Op& op, bool on_caller) {
         for (int q : w.x->busy_peers()) who.push_back(w.c->world_ranks_[q]);
         FlightRecorder::get().waiting(w.record, std::move(who));
       },
-      scratch_);
+      scratch_, queues_);
   w.x = &x;
   try {
     op.body(x);
@@ -544,7 +544,7 @@ void Communicator::run_p2p(Op first, bool on_caller) {
           if (p && p->busy()) who.push_back(world_ranks_[p->peer()]);
         rec.waiting(live.front().record, std::move(who));
       },
-      scratch_);
+      scratch_, queues_);
   bool unmatched = false;  // a receive from any source is waiting for its sender
   auto post = [&](Op& op) {
     op.deadline = Deadline::after_seconds(op.timeout_s > 0 ? op.timeout_s : cfg_.timeout_s);

@@ -226,6 +226,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   WaitPolicy wait_policy_;
   std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer rank; null for self
   std::vector<std::byte> scratch_;
+  ExecQueues queues_;  // the running operation's requests (one runs at a time)
   std::vector<uint64_t> p2p_send_seq_, p2p_recv_seq_;
   int splits_ = 0;
   std::vector<std::shared_ptr<void>> keepalive_;

@@ -22,7 +22,7 @@ namespace loom::comm {
 
 Exec::Exec(int rank, int size, std::vector<std::unique_ptr<Pair>>& pairs, const Topology& topo,
            const Fingerprint& fp, uint64_t seq, Deadline deadline, WaitPolicy policy,
-           std::function<void()> check_abort, std::vector<std::byte>& scratch)
+           std::function<void()> check_abort, std::vector<std::byte>& scratch, ExecQueues& queues)
     : rank_(rank),
       size_(size),
       pairs_(pairs),
@@ -33,7 +33,17 @@ Exec::Exec(int rank, int size, std::vector<std::unique_ptr<Pair>>& pairs, const 
       deadline_(deadline),
       policy_(policy),
       check_abort_(std::move(check_abort)),
-      scratch_(scratch) {}
+      scratch_(scratch),
+      sends_(queues.sends),
+      recvs_(queues.recvs),
+      copies_(queues.copies) {
+  sends_.clear(), recvs_.clear(), copies_.clear();
+}
+
+// clear() keeps a deque's map and first block for the next operation.
+Exec::~Exec() {
+  sends_.clear(), recvs_.clear(), copies_.clear();
+}
 
 void Exec::set_op(const Fingerprint& fp, uint64_t seq) {
   fp_ = fp;
@@ -79,7 +89,7 @@ void Exec::copy_in_background(void* dst, const void* src, size_t bytes) {
 bool Exec::copy_some() {
   if (copies_.empty()) return false;
   constexpr size_t kPiece = 256 << 10;
-  Copy& c = copies_.front();
+  ExecQueues::Copy& c = copies_.front();
   size_t n = std::min(kPiece, c.left);
   std::memcpy(c.dst, c.src, n);
   c.dst += n;

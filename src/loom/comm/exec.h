@@ -25,11 +25,28 @@ struct WaitPolicy {
   double yield_us = 1000;  // then sched_yield for this long, then sleep/poll
 };
 
+// The request queues of a communicator's one running operation, kept by the communicator:
+// a std::deque allocates its map and a first block when constructed, so an Exec that owned
+// them made six allocations per operation (a fifth of a small allreduce's time, perf.md).
+struct ExecQueues {
+  struct Copy {
+    std::byte* dst;
+    const std::byte* src;
+    size_t left;
+  };
+  std::deque<SendReq> sends;
+  std::deque<RecvReq> recvs;
+  std::deque<Copy> copies;
+};
+
 class Exec {
  public:
   Exec(int rank, int size, std::vector<std::unique_ptr<Pair>>& pairs, const Topology& topo,
        const Fingerprint& fp, uint64_t seq, Deadline deadline, WaitPolicy policy,
-       std::function<void()> check_abort, std::vector<std::byte>& scratch);
+       std::function<void()> check_abort, std::vector<std::byte>& scratch, ExecQueues& queues);
+  ~Exec();
+  Exec(const Exec&) = delete;
+  Exec& operator=(const Exec&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -79,14 +96,9 @@ class Exec {
   WaitPolicy policy_;
   std::function<void()> check_abort_;
   std::vector<std::byte>& scratch_;
-  std::deque<SendReq> sends_;
-  std::deque<RecvReq> recvs_;
-  struct Copy {
-    std::byte* dst;
-    const std::byte* src;
-    size_t left;
-  };
-  std::deque<Copy> copies_;
+  std::deque<SendReq>& sends_;  // in ExecQueues, emptied when this Exec starts and ends
+  std::deque<RecvReq>& recvs_;
+  std::deque<ExecQueues::Copy>& copies_;
 };
 
 }  // namespace loom::comm

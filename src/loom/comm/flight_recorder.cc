@@ -238,8 +238,10 @@ FlightRecorder& FlightRecorder::get() {
 FlightRecorder::FlightRecorder()
     : capacity_(static_cast<size_t>(std::max<int64_t>(0, kRecords.get()))) {}
 
+// Records are shown in seconds: the coarse clock, unless the timeline wants spans in µs.
 double FlightRecorder::now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - kStart).count();
+  const auto t = Trace::on() ? std::chrono::steady_clock::now() : coarse_now();
+  return std::chrono::duration<double>(t - kStart).count();
 }
 
 uint64_t FlightRecorder::queued(std::shared_ptr<const std::string> comm, uint64_t seq,

@@ -1,6 +1,8 @@
 // A point in time by which a blocking call must return (DESIGN decision 3).
 #pragma once
 
+#include <time.h>
+
 #include <chrono>
 #include <cstdint>
 
@@ -8,11 +10,24 @@ namespace loom {
 
 using Clock = std::chrono::steady_clock;
 
+// The same clock (CLOCK_MONOTONIC, which steady_clock reads) at the kernel tick's resolution
+// (1-4 ms behind): a read of a few nanoseconds where the precise one costs tens under a
+// hypervisor. For deadlines of seconds and records shown in seconds, on per-call paths.
+inline Clock::time_point coarse_now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return Clock::time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec));
+}
+
 class Deadline {
  public:
   static Deadline after(std::chrono::nanoseconds d) { return Deadline(Clock::now() + d); }
   static Deadline after_seconds(double s) {
     return after(std::chrono::nanoseconds(static_cast<int64_t>(s * 1e9)));
+  }
+  // At most a tick early (coarse_now).
+  static Deadline after_seconds_coarse(double s) {
+    return Deadline(coarse_now() + std::chrono::nanoseconds(static_cast<int64_t>(s * 1e9)));
   }
   static Deadline never() { return Deadline(Clock::time_point::max()); }
 
