@@ -38,7 +38,7 @@ def worker(backend, rank, world, port, sizes, out):
                             world_size=world)
     rows = []
     for nbytes in sizes:
-        n = nbytes // 4
+        n = nbytes // 4 // world * world  # a whole number of shards (3 processes)
         x = torch.ones(n)
         shard = torch.ones(n // world)
         full = torch.empty(n)
