@@ -36,11 +36,10 @@ Exec::Exec(int rank, int size, std::vector<std::unique_ptr<Pair>>& pairs, const 
       scratch_(scratch),
       sends_(queues.sends),
       recvs_(queues.recvs),
-      copies_(queues.copies) {
-  sends_.clear(), recvs_.clear(), copies_.clear();
-}
+      copies_(queues.copies) {}
 
-// clear() keeps a deque's map and first block for the next operation.
+// Empty for the next operation (every Exec ends here, an operation that threw too);
+// clear() keeps a deque's map and first block.
 Exec::~Exec() {
   sends_.clear(), recvs_.clear(), copies_.clear();
 }

@@ -96,7 +96,7 @@ class Exec {
   WaitPolicy policy_;
   std::function<void()> check_abort_;
   std::vector<std::byte>& scratch_;
-  std::deque<SendReq>& sends_;  // in ExecQueues, emptied when this Exec starts and ends
+  std::deque<SendReq>& sends_;  // in ExecQueues, emptied when this Exec ends
   std::deque<RecvReq>& recvs_;
   std::deque<ExecQueues::Copy>& copies_;
 };

@@ -18,8 +18,16 @@ const IntTunable kMaxStoreFrame("LOOM_STORE_MAX_FRAME", 16 << 20,
                                 "largest store message accepted, bytes; larger ones are refused");
 
 constexpr double kHandshakeSeconds = 10.0;
+
 // Slack added to a blocking request's own timeout before the client gives up on the socket.
 constexpr double kReplySlackSeconds = 5.0;
+
+// "a, b, c": the keys a wait named, for a message about it.
+std::string key_list(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const std::string& k : keys) out += (out.empty() ? "" : ", ") + k;
+  return out;
+}
 
 uint32_t timeout_ms_of(Deadline d) {
   return static_cast<uint32_t>(d.remaining_ms(0x7fffffff));
@@ -126,12 +134,10 @@ wire::Message TcpStoreServer::execute(const wire::Message& req) {
   auto wait_keys = [&](const std::vector<std::string>& keys) {
     while (true) {
       if (stop_) {
-        std::string names;
-        for (const std::string& k : keys) names += (names.empty() ? "" : ", ") + k;
         throw PeerError(PeerError::Kind::kClosed,
                         "the store is shutting down (the process hosting it is exiting) while "
                         "this rank waited for " +
-                            names);
+                            key_list(keys));
       }
       try {
         local_.wait(keys, deadline.earlier(Deadline::after_seconds(0.1)));
@@ -218,10 +224,8 @@ wire::Message TcpStore::call(const wire::Message& req, Deadline deadline) {
       // Name what this rank was waiting for: where the store's host gave up on the same
       // deadline a moment earlier, the key is the only hint of who never arrived.
       std::string waited;
-      if (req.code == wire::Code::kGet || req.code == wire::Code::kWait) {
-        for (const std::string& k : req.strings) waited += (waited.empty() ? "" : ", ") + k;
-        waited = " while this rank waited for " + waited;
-      }
+      if (req.code == wire::Code::kGet || req.code == wire::Code::kWait)
+        waited = " while this rank waited for " + key_list(req.strings);
       throw PeerError(PeerError::Kind::kClosed,
                       std::string(e.what()) + waited +
                           " (the process hosting the store, rank 0 or the launcher, has exited?)");

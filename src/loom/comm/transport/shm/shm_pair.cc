@@ -449,21 +449,20 @@ bool ShmPair::progress_recv() {
       const std::byte* slot = rx_data_ + (rx_pos_ & mask_);
       std::memcpy(&h, slot, sizeof h);
       check_header(r, h);
-      if (h.flags & kFrameInline) {
-        deliver(r, slot + sizeof h, r.bytes);
-        rx_pos_ += kSlot;
-        store_release(rx_head_, rx_pos_);
-        r.header_seen = true;
-        r.done = true;
-        recvs_.pop_front();
-        moved = true;
-        continue;
-      }
+      const bool inline_payload = (h.flags & kFrameInline) != 0;
       const bool in_place = (h.flags & (kFrameSingleCopy | kFrameShared)) != 0;
+      if (inline_payload) deliver(r, slot + sizeof h, r.bytes);
+      shm::SharedRef ref;  // an in-place frame's shared buffer, if it names one
       if (in_place) {
         std::memcpy(&rx_remote_, slot + sizeof h, sizeof rx_remote_);
+        std::memcpy(&ref.id, slot + sizeof h + 8, sizeof ref.id);
+        ref.fd = static_cast<int32_t>(
+            std::atomic_ref<uint64_t>(
+                *reinterpret_cast<uint64_t*>(const_cast<std::byte*>(slot) + kStampAt))
+                .load(std::memory_order_relaxed));
         tsan_acquire(reinterpret_cast<const void*>(rx_remote_));
       }
+      // Everything the slot holds is read: from the head's release on, the sender may reuse it.
       rx_pos_ += kSlot;
       r.header_seen = true;
       moved = true;
@@ -473,21 +472,14 @@ bool ShmPair::progress_recv() {
         // of a shared buffer, or (nullptr) through process_vm_readv.
         if (!probed_) probe_peer();  // a frame arrived, so the peer's pid is published
         rx_local_ = nullptr;
-        if (peer_pid_ == ::getpid()) {
+        if (peer_pid_ == ::getpid())
           rx_local_ = reinterpret_cast<const std::byte*>(rx_remote_);
-        } else if (h.flags & kFrameShared) {
-          shm::SharedRef ref;
-          std::memcpy(&ref.id, slot + sizeof h + 8, sizeof ref.id);
-          ref.fd = static_cast<int32_t>(
-              std::atomic_ref<uint64_t>(
-                  *reinterpret_cast<uint64_t*>(const_cast<std::byte*>(slot) + kStampAt))
-                  .load(std::memory_order_relaxed));
+        else if (h.flags & kFrameShared)
           rx_local_ = map_shared(ref, r.bytes);
-        }
         rx_in_place_ = true;
         continue;
       }
-      if (r.bytes == 0) {
+      if (r.bytes == 0 || inline_payload) {  // the frame was this slot
         store_release(rx_head_, rx_pos_);
         r.done = true;
         recvs_.pop_front();
