@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "loom/comm/communicator.h"
+#include "loom/comm/flight_recorder.h"
 #include "loom/core/error.h"
 #include "support/thread_ranks.h"
 
@@ -236,9 +237,76 @@ TEST_P(Features, WorkWaitWithDeadlineDoesNotCancel) {
   });
 }
 
+// A blocking call on an idle communicator enters its flight record when it ends (one lock),
+// unless it waits: after ~100 ms it is entered as running, where the watchdog and a hang
+// report look, and it ends as that same entry.
+TEST_P(Features, FlightRecordOfABlockingCallThatWaits) {
+  using comm::FlightRecorder;
+  using comm::OpState;
+  const std::string name = std::string("flight_wait_") + layout_name(GetParam());
+  run_ranks(2, GetParam(), name, [&](Communicator& c) {
+    float x = 1, y = 0;
+    c.allreduce(&x, &y, 1, DType::kF32, ReduceOp::kSum);  // quick: done, entered at the end
+    if (c.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(600));
+      c.allreduce(&x, &y, 1, DType::kF32, ReduceOp::kSum);
+      return;
+    }
+    std::atomic<bool> seen_running{false}, stop{false};
+    std::thread watcher([&] {
+      while (!stop.load()) {
+        for (const auto& e : FlightRecorder::get().open())
+          if (e.comm && *e.comm == c.config().name && e.state == OpState::kRunning &&
+              e.waiting_for == std::vector<int>{1})
+            seen_running = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    });
+    c.allreduce(&x, &y, 1, DType::kF32, ReduceOp::kSum);
+    stop = true;
+    watcher.join();
+    EXPECT_TRUE(seen_running.load()) << "a call waiting 600 ms never showed as running";
+    EXPECT_EQ(y, 2.0f);
+    int done = 0;
+    for (const auto& e : FlightRecorder::get().last(64))
+      if (e.comm && *e.comm == c.config().name && e.fp.op == comm::OpKind::kAllreduce) {
+        EXPECT_EQ(e.state, OpState::kDone);
+        EXPECT_GE(e.ended_s, e.started_s);
+        ++done;
+      }
+    EXPECT_EQ(done, 4) << "two allreduces per rank, each entered once";
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, Features,
                          ::testing::Values(Layout::kShm, Layout::kTcp, Layout::kHier),
                          [](const auto& info) { return std::string(layout_name(info.param)); });
+
+// The recorder keeps the last LOOM_FLIGHT_RECORDS (256) entries in a ring overwritten in
+// place: the newest in order, an overwritten entry's id no longer found.
+TEST(FlightRecorder, KeepsTheLastEntriesInOrder) {
+  using comm::FlightRecorder;
+  using comm::OpState;
+  FlightRecorder& rec = FlightRecorder::get();
+  auto name = std::make_shared<const std::string>("flight_ring");
+  comm::Fingerprint fp;
+  fp.op = comm::OpKind::kAllreduce;
+  const uint64_t early = rec.queued(name, 1000, fp, 8);
+  EXPECT_EQ(rec.open().back().id, early);
+  for (uint64_t s = 0; s < 300; ++s)
+    rec.record_done(name, s, fp, 8, FlightRecorder::now_s(), s != 299);
+  rec.finished(early, true);  // overwritten by now: nothing to update, nothing broken
+  for (const auto& e : rec.open()) EXPECT_NE(e.id, early);
+  auto last = rec.last(3);
+  ASSERT_EQ(last.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(*last[i].comm, "flight_ring");
+    EXPECT_EQ(last[i].seq, 297u + i);
+  }
+  EXPECT_EQ(last[1].state, OpState::kDone);
+  EXPECT_EQ(last[2].state, OpState::kFailed);
+  EXPECT_EQ(rec.last(100000).size(), 256u);
+}
 
 }  // namespace
 }  // namespace loom::test

@@ -129,7 +129,8 @@ Communicator::Communicator(std::shared_ptr<Store> root_store, std::shared_ptr<St
       store_(std::move(store)),
       rank_(rank),
       size_(size),
-      cfg_(std::move(cfg)) {
+      cfg_(std::move(cfg)),
+      equal_blocks_(std::make_unique<algo::Blocks>()) {
   if (size < 1 || rank < 0 || rank >= size)
     throw UserError(
         "rank " + std::to_string(rank) + " is not valid for world size " + std::to_string(size),
@@ -353,7 +354,45 @@ Communicator::~Communicator() {
 
 Algo Communicator::chosen_algo(OpKind op, size_t bytes, Algo requested) const {
   if (requested == Algo::kAuto) requested = cfg_.algo;
-  return choose_algo(op, bytes, topo_, cfg_.model, requested);
+  // The choice depends only on (op, bytes, requested) once connected: the last one per op
+  // is kept (a training step repeats its sizes; choose_algo builds a vector and a model).
+  const bool cacheable =
+      bytes < (uint64_t{1} << 47) && static_cast<size_t>(op) < algo_cache_.size();
+  const uint64_t tag = (uint64_t{bytes} << 16) | (uint64_t{static_cast<uint8_t>(requested)} << 8);
+  if (cacheable) {
+    const uint64_t c = algo_cache_[static_cast<size_t>(op)].load(std::memory_order_relaxed);
+    if ((c & ~uint64_t{0xff}) == tag && (c & 0x80)) return static_cast<Algo>(c & 0x7f);
+  }
+  const Algo a = choose_algo(op, bytes, topo_, cfg_.model, requested);
+  if (cacheable)
+    algo_cache_[static_cast<size_t>(op)].store(tag | 0x80 | static_cast<uint8_t>(a),
+                                               std::memory_order_relaxed);
+  return a;
+}
+
+bool Communicator::run_inline(Op& op, Body body) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_ || running_ || !queue_.empty()) return false;  // submit says why / queues
+    running_ = true;
+    op.seq = next_seq_++;
+  }
+  op.record = FlightRecorder::kNoRecord;
+  std::exception_ptr err;
+  try {
+    run(op, body, true);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+    wake = !queue_.empty();  // another thread queued meanwhile: the worker waits for us
+  }
+  if (wake) cv_.notify_all();
+  if (err) std::rethrow_exception(err);
+  return true;
 }
 
 WorkPtr Communicator::submit(Op op, bool blocking) {
@@ -395,7 +434,7 @@ WorkPtr Communicator::submit(Op op, bool blocking) {
     }
     std::exception_ptr err;
     try {
-      run(op, true);
+      run(op, op.body, true);
     } catch (...) {
       err = std::current_exception();
     }
@@ -431,7 +470,7 @@ void Communicator::worker_loop() {
       run_p2p(std::move(op), false);  // finishes the works itself
     } else if (!err) {
       try {
-        run(op);
+        run(op, op.body);
       } catch (...) {
         err = std::current_exception();
       }
@@ -491,38 +530,54 @@ void Communicator::fail(const Op& op, const std::exception& e) {
   throw err;
 }
 
-void Communicator::run(Op& op, bool on_caller) {
+void Communicator::run(Op& op, Body body, bool on_caller) {
   double t = op.timeout_s > 0 ? op.timeout_s : cfg_.timeout_s;
   FlightRecorder& rec = FlightRecorder::get();
   if (!on_caller) rec.started(op.record);
+  // Not entered yet (run_inline): it is, as running, once it has waited ~100 ms (where the
+  // watchdog and a hang report look), else in one step when it ends.
+  const double start_s = op.record == FlightRecorder::kNoRecord ? FlightRecorder::now_s() : 0;
+  const size_t bytes = op.fp.count * dtype_size(op.fp.dtype);
   // Every 100 ms of waiting: a recorded root cause first, then whom we wait for (the
   // flight recorder shows it in a hang report). One pointer captured: std::function keeps
   // it without allocating, on the latency path too.
   struct Waiting {
     Communicator* c;
     const Exec* x;
-    uint64_t record;
-  } w{this, nullptr, op.record};
+    Op* op;
+    double start_s;
+    size_t bytes;
+  } w{this, nullptr, &op, start_s, bytes};
   Exec x(
       rank_, size_, pairs_, topo_, op.fp, op.seq, Deadline::after_seconds_coarse(t), wait_policy_,
       [&w] {
         w.c->check_abort();
         if (!w.x) return;
+        FlightRecorder& rec = FlightRecorder::get();
+        Op& op = *w.op;
+        if (op.record == FlightRecorder::kNoRecord)
+          op.record = rec.queued(w.c->name_, op.seq, op.fp, w.bytes, true, -1, false, w.start_s);
         std::vector<int> who;
         for (int q : w.x->busy_peers()) who.push_back(w.c->world_ranks_[q]);
-        FlightRecorder::get().waiting(w.record, std::move(who));
+        rec.waiting(op.record, std::move(who));
       },
       scratch_, queues_);
   w.x = &x;
+  auto record_end = [&](bool ok) {
+    if (op.record == FlightRecorder::kNoRecord)
+      rec.record_done(name_, op.seq, op.fp, bytes, start_s, ok);
+    else
+      rec.finished(op.record, ok);
+  };
   try {
-    op.body(x);
+    body(x);
   } catch (const std::exception& e) {
-    rec.finished(op.record, false);
+    record_end(false);
     const auto* pe = dynamic_cast<const PeerError*>(&e);
     if (pe || dynamic_cast<const InternalError*>(&e)) fail(op, e);
     throw;
   }
-  rec.finished(op.record, true);
+  record_end(true);
 }
 
 void Communicator::run_p2p(Op first, bool on_caller) {
@@ -675,7 +730,7 @@ WorkPtr Communicator::allreduce_impl(bool blocking, const void* in, void* out, s
   p.fp = fingerprint(OpKind::kAllreduce, t, op, a, -1, count);
   p.timeout_s = o.timeout_s;
   int n = size_;
-  p.body = [=](Exec& x) {
+  return launch(std::move(p), blocking, [=](Exec& x) {
     switch (a) {
       case Algo::kRing:
         algo::allreduce_ring(x, in, out, count);
@@ -696,9 +751,29 @@ WorkPtr Communicator::allreduce_impl(bool blocking, const void* in, void* out, s
         LOOM_CHECK_MSG(false, "no allreduce algorithm " + std::string(algo_name(a)));
     }
     if (op == ReduceOp::kAvg) finish_avg(out, count, t, n);
-  };
-  return submit(std::move(p), blocking);
+  });
 }
+
+namespace {
+void allgather_with(Exec& x, Algo a, const void* in, void* out, const algo::Blocks& b) {
+  switch (a) {
+    case Algo::kRing:
+      algo::allgather_ring(x, in, out, b);
+      break;
+    case Algo::kDirect:
+      algo::allgather_direct(x, in, out, b);
+      break;
+    case Algo::kRd:
+      algo::allgather_rd(x, in, out, b);
+      break;
+    case Algo::kHier:
+      algo::allgather_hier(x, in, out, b);
+      break;
+    default:
+      LOOM_CHECK_MSG(false, "no allgather algorithm " + std::string(algo_name(a)));
+  }
+}
+}  // namespace
 
 WorkPtr Communicator::allgatherv_impl(bool blocking, const void* in, void* out,
                                       std::vector<size_t> counts, DType t, OpOptions o) {
@@ -713,30 +788,29 @@ WorkPtr Communicator::allgatherv_impl(bool blocking, const void* in, void* out,
   Op p;
   p.fp = fingerprint(OpKind::kAllgather, t, ReduceOp::kSum, a, -1, total);
   p.timeout_s = o.timeout_s;
-  p.body = [=](Exec& x) {
-    switch (a) {
-      case Algo::kRing:
-        algo::allgather_ring(x, in, out, b);
-        break;
-      case Algo::kDirect:
-        algo::allgather_direct(x, in, out, b);
-        break;
-      case Algo::kRd:
-        algo::allgather_rd(x, in, out, b);
-        break;
-      case Algo::kHier:
-        algo::allgather_hier(x, in, out, b);
-        break;
-      default:
-        LOOM_CHECK_MSG(false, "no allgather algorithm " + std::string(algo_name(a)));
-    }
-  };
-  return submit(std::move(p), blocking);
+  return launch(std::move(p), blocking, [=](Exec& x) { allgather_with(x, a, in, out, b); });
+}
+
+const algo::Blocks& Communicator::equal_blocks(size_t each) {
+  algo::Blocks& b = *equal_blocks_;
+  if (b.off.size() != static_cast<size_t>(size_) || (size_ > 0 && b.len[0] != each)) {
+    b.off.resize(size_), b.len.assign(size_, each);
+    for (int q = 0; q < size_; ++q) b.off[q] = q * each;
+  }
+  return b;
 }
 
 WorkPtr Communicator::allgather_impl(bool blocking, const void* in, void* out, size_t count,
                                      DType t, OpOptions o) {
-  return allgatherv_impl(blocking, in, out, std::vector<size_t>(size_, count), t, o);
+  // Equal blocks: no per-call vectors (allgatherv's counts and offsets); the body takes the
+  // communicator's, which only the running operation touches.
+  const size_t each = count * dtype_size(t);
+  Algo a = chosen_algo(OpKind::kAllgather, each * size_, o.algo);
+  Op p;
+  p.fp = fingerprint(OpKind::kAllgather, t, ReduceOp::kSum, a, -1, count * size_);
+  p.timeout_s = o.timeout_s;
+  return launch(std::move(p), blocking,
+                [=, this](Exec& x) { allgather_with(x, a, in, out, equal_blocks(each)); });
 }
 
 WorkPtr Communicator::reduce_scatter_impl(bool blocking, const void* in, void* out, size_t count,
@@ -747,7 +821,7 @@ WorkPtr Communicator::reduce_scatter_impl(bool blocking, const void* in, void* o
   p.fp = fingerprint(OpKind::kReduceScatter, t, op, a, -1, count);
   p.timeout_s = o.timeout_s;
   int n = size_;
-  p.body = [=](Exec& x) {
+  return launch(std::move(p), blocking, [=](Exec& x) {
     switch (a) {
       case Algo::kRing:
         algo::reduce_scatter_ring(x, in, out, count);
@@ -765,8 +839,7 @@ WorkPtr Communicator::reduce_scatter_impl(bool blocking, const void* in, void* o
         LOOM_CHECK_MSG(false, "no reduce_scatter algorithm " + std::string(algo_name(a)));
     }
     if (op == ReduceOp::kAvg) finish_avg(out, count, t, n);
-  };
-  return submit(std::move(p), blocking);
+  });
 }
 
 WorkPtr Communicator::broadcast_impl(bool blocking, void* buf, size_t count, DType t, int root,
@@ -777,7 +850,7 @@ WorkPtr Communicator::broadcast_impl(bool blocking, void* buf, size_t count, DTy
   Op p;
   p.fp = fingerprint(OpKind::kBroadcast, t, ReduceOp::kSum, a, root, count);
   p.timeout_s = o.timeout_s;
-  p.body = [=](Exec& x) {
+  return launch(std::move(p), blocking, [=](Exec& x) {
     switch (a) {
       case Algo::kTree:
         algo::broadcast_tree(x, buf, bytes, root);
@@ -791,8 +864,7 @@ WorkPtr Communicator::broadcast_impl(bool blocking, void* buf, size_t count, DTy
       default:
         LOOM_CHECK_MSG(false, "no broadcast algorithm " + std::string(algo_name(a)));
     }
-  };
-  return submit(std::move(p), blocking);
+  });
 }
 
 WorkPtr Communicator::reduce_impl(bool blocking, const void* in, void* out, size_t count, DType t,
@@ -804,7 +876,7 @@ WorkPtr Communicator::reduce_impl(bool blocking, const void* in, void* out, size
   p.fp = fingerprint(OpKind::kReduce, t, op, a, root, count);
   p.timeout_s = o.timeout_s;
   int n = size_, me = rank_;
-  p.body = [=](Exec& x) {
+  return launch(std::move(p), blocking, [=](Exec& x) {
     switch (a) {
       case Algo::kTree:
         algo::reduce_tree(x, in, out, count, root);
@@ -816,8 +888,7 @@ WorkPtr Communicator::reduce_impl(bool blocking, const void* in, void* out, size
         LOOM_CHECK_MSG(false, "no reduce algorithm " + std::string(algo_name(a)));
     }
     if (op == ReduceOp::kAvg && me == root) finish_avg(out, count, t, n);
-  };
-  return submit(std::move(p), blocking);
+  });
 }
 
 WorkPtr Communicator::gather_impl(bool blocking, const void* in, void* out, size_t count, DType t,
@@ -827,8 +898,8 @@ WorkPtr Communicator::gather_impl(bool blocking, const void* in, void* out, size
   Op p;
   p.fp = fingerprint(OpKind::kGather, t, ReduceOp::kSum, Algo::kDirect, root, count);
   p.timeout_s = o.timeout_s;
-  p.body = [=](Exec& x) { algo::gather_direct(x, in, out, bytes, root); };
-  return submit(std::move(p), blocking);
+  return launch(std::move(p), blocking,
+                [=](Exec& x) { algo::gather_direct(x, in, out, bytes, root); });
 }
 
 WorkPtr Communicator::scatter_impl(bool blocking, const void* in, void* out, size_t count, DType t,
@@ -838,8 +909,8 @@ WorkPtr Communicator::scatter_impl(bool blocking, const void* in, void* out, siz
   Op p;
   p.fp = fingerprint(OpKind::kScatter, t, ReduceOp::kSum, Algo::kDirect, root, count);
   p.timeout_s = o.timeout_s;
-  p.body = [=](Exec& x) { algo::scatter_direct(x, in, out, bytes, root); };
-  return submit(std::move(p), blocking);
+  return launch(std::move(p), blocking,
+                [=](Exec& x) { algo::scatter_direct(x, in, out, bytes, root); });
 }
 
 WorkPtr Communicator::alltoall_impl(bool blocking, const void* in, void* out, size_t count, DType t,
@@ -848,16 +919,14 @@ WorkPtr Communicator::alltoall_impl(bool blocking, const void* in, void* out, si
   Op p;
   p.fp = fingerprint(OpKind::kAlltoall, t, ReduceOp::kSum, Algo::kDirect, -1, count);
   p.timeout_s = o.timeout_s;
-  p.body = [=](Exec& x) { algo::alltoall_direct(x, in, out, bytes); };
-  return submit(std::move(p), blocking);
+  return launch(std::move(p), blocking, [=](Exec& x) { algo::alltoall_direct(x, in, out, bytes); });
 }
 
 WorkPtr Communicator::barrier_impl(bool blocking, OpOptions o) {
   Op p;
   p.fp = fingerprint(OpKind::kBarrier, DType::kU8, ReduceOp::kSum, Algo::kRd, -1, 0);
   p.timeout_s = o.timeout_s;
-  p.body = [](Exec& x) { algo::barrier_dissemination(x); };
-  return submit(std::move(p), blocking);
+  return launch(std::move(p), blocking, [](Exec& x) { algo::barrier_dissemination(x); });
 }
 
 WorkPtr Communicator::send_impl(bool blocking, const void* buf, size_t count, DType t, int peer,

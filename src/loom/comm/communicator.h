@@ -24,6 +24,8 @@
 // creating a new communicator (a new `name`).
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -42,9 +44,14 @@
 #include "loom/comm/types.h"
 #include "loom/comm/work.h"
 #include "loom/core/dtype.h"
+#include "loom/core/function_ref.h"
 #include "loom/core/state_memory.h"
 
 namespace loom::comm {
+
+namespace algo {
+struct Blocks;
+}
 
 struct CommConfig {
   std::string name = "world";      // distinguishes communicators (and generations) in the store
@@ -172,7 +179,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     const RecvReq* rreq = nullptr;
     Deadline deadline = Deadline::never();
     uint64_t seq = 0;
-    uint64_t record = 0;              // its flight-recorder entry
+    uint64_t record = 0;              // its flight-recorder entry (kNoRecord: not entered yet)
     std::function<void(Exec&)> body;  // collectives (send/recv are run by run_p2p)
     WorkPtr work;
   };
@@ -204,9 +211,26 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   WorkPtr recv_impl(bool blocking, void* buf, size_t count, DType t, int peer, OpOptions o,
                     int* source = nullptr);
 
-  // Builds the op's fingerprint (choosing the algorithm) and runs or queues it.
+  using Body = FunctionRef<void(Exec&)>;
+  // Runs a collective: a blocking call with nothing queued or running goes straight to
+  // run_inline (the latency path: no Work, no std::function, no queue); anything else is
+  // handed to submit with the body stored in the op.
+  template <class F>
+  WorkPtr launch(Op&& op, bool blocking, F&& body) {
+    if (blocking && run_inline(op, body)) return nullptr;
+    op.body = std::forward<F>(body);
+    return submit(std::move(op), blocking);
+  }
+  // Runs `op` on the caller's thread if the communicator is idle and not broken (false:
+  // it did nothing). One lock at the start and one at the end; the flight record is
+  // entered once, when the operation ends or has waited ~100 ms.
+  bool run_inline(Op& op, Body body);
+  // Queues the op (or runs it on the caller's thread when blocking and idle) with a Work.
   WorkPtr submit(Op op, bool blocking);
-  void run(Op& op, bool on_caller = false);  // on_caller: its record is already "running"
+  // on_caller: its record is already "running", or not entered yet (kNoRecord)
+  void run(Op& op, Body body, bool on_caller = false);
+  // Blocks of `each` bytes per rank (allgather's), kept: touched only by the running op.
+  const algo::Blocks& equal_blocks(size_t each);
   // Runs `first` and every send/receive queued behind it together, finishing each op's work.
   void run_p2p(Op first, bool on_caller);
   void worker_loop();
@@ -226,6 +250,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   WaitPolicy wait_policy_;
   std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer rank; null for self
   std::vector<std::byte> scratch_;
+  std::unique_ptr<algo::Blocks> equal_blocks_;
+  // chosen_algo's last answer per operation kind: (bytes << 16 | requested << 8 | 0x80 | algo)
+  mutable std::array<std::atomic<uint64_t>, static_cast<size_t>(OpKind::kCount)> algo_cache_{};
   ExecQueues queues_;  // the running operation's requests (one runs at a time)
   std::vector<uint64_t> p2p_send_seq_, p2p_recv_seq_;
   int splits_ = 0;

@@ -236,7 +236,7 @@ FlightRecorder& FlightRecorder::get() {
 }
 
 FlightRecorder::FlightRecorder()
-    : capacity_(static_cast<size_t>(std::max<int64_t>(0, kRecords.get()))) {}
+    : capacity_(static_cast<size_t>(std::max<int64_t>(0, kRecords.get()))), ring_(capacity_) {}
 
 // Records are shown in seconds: the coarse clock, unless the timeline wants spans in µs.
 double FlightRecorder::now_s() {
@@ -244,24 +244,45 @@ double FlightRecorder::now_s() {
   return std::chrono::duration<double>(t - kStart).count();
 }
 
-uint64_t FlightRecorder::queued(std::shared_ptr<const std::string> comm, uint64_t seq,
+uint64_t FlightRecorder::queued(const std::shared_ptr<const std::string>& comm, uint64_t seq,
                                 const Fingerprint& fp, size_t bytes, bool running, int peer,
-                                bool send) {
-  if (capacity_ == 0) return 0;
-  FlightEntry e;
-  e.comm = std::move(comm), e.seq = seq, e.fp = fp, e.bytes = bytes, e.queued_s = now_s();
-  e.peer = peer, e.send = send;
-  if (running) e.state = OpState::kRunning, e.started_s = e.queued_s;
+                                bool send, double queued_s) {
+  if (capacity_ == 0) return kNoRecord;
+  if (queued_s < 0) queued_s = now_s();
   std::lock_guard<std::mutex> lock(mu_);
-  e.id = next_id_++;
-  ring_.push_back(std::move(e));
-  if (ring_.size() > capacity_) ring_.pop_front();
-  return ring_.back().id;
+  const uint64_t id = next_id_++;
+  FlightEntry& e = ring_[id % capacity_];
+  // Overwritten in place: the name's reference count moves only when the communicator differs
+  // and the waiting list keeps its capacity (no allocation, no atomic per operation).
+  if (e.comm != comm) e.comm = comm;
+  e.id = id, e.seq = seq, e.fp = fp, e.bytes = bytes, e.peer = peer, e.send = send;
+  e.state = running ? OpState::kRunning : OpState::kQueued;
+  e.queued_s = queued_s, e.started_s = running ? queued_s : -1, e.ended_s = -1;
+  e.waiting_for.clear();
+  return id;
+}
+
+void FlightRecorder::record_done(const std::shared_ptr<const std::string>& comm, uint64_t seq,
+                                 const Fingerprint& fp, size_t bytes, double started_s, bool ok) {
+  if (capacity_ == 0) return;
+  const double t = now_s();
+  std::optional<FlightEntry> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FlightEntry& e = ring_[next_id_ % capacity_];
+    if (e.comm != comm) e.comm = comm;
+    e.id = next_id_++, e.seq = seq, e.fp = fp, e.bytes = bytes, e.peer = -1, e.send = false;
+    e.state = ok ? OpState::kDone : OpState::kFailed;
+    e.queued_s = e.started_s = started_s, e.ended_s = t;
+    e.waiting_for.clear();
+    if (Trace::on()) done = e;
+  }
+  if (done) trace(*done);
 }
 
 FlightEntry* FlightRecorder::find(uint64_t id) {
-  if (ring_.empty() || id < ring_.front().id || id > ring_.back().id) return nullptr;
-  return &ring_[id - ring_.front().id];
+  if (id >= next_id_ || next_id_ - id > capacity_) return nullptr;
+  return &ring_[id % capacity_];
 }
 
 void FlightRecorder::started(uint64_t id) {
@@ -337,15 +358,19 @@ void FlightRecorder::waiting(uint64_t id, std::vector<int> world_ranks) {
 
 std::vector<FlightEntry> FlightRecorder::last(size_t n) const {
   std::lock_guard<std::mutex> lock(mu_);
-  const size_t k = std::min(n, ring_.size());
-  return {ring_.end() - static_cast<std::ptrdiff_t>(k), ring_.end()};
+  const uint64_t k = std::min<uint64_t>({n, capacity_, next_id_});
+  std::vector<FlightEntry> v;
+  for (uint64_t id = next_id_ - k; id < next_id_; ++id) v.push_back(ring_[id % capacity_]);
+  return v;
 }
 
 std::vector<FlightEntry> FlightRecorder::open() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<FlightEntry> v;
-  for (const auto& e : ring_)
+  for (uint64_t id = next_id_ - std::min<uint64_t>(capacity_, next_id_); id < next_id_; ++id) {
+    const FlightEntry& e = ring_[id % capacity_];
     if (e.state == OpState::kQueued || e.state == OpState::kRunning) v.push_back(e);
+  }
   return v;
 }
 

@@ -16,7 +16,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,10 +50,19 @@ class FlightRecorder {
   static FlightRecorder& get();
   static double now_s();  // seconds since this process started its recorder
 
+  static constexpr uint64_t kNoRecord = ~uint64_t{0};  // an id no entry has
+
   // A new entry, queued (or already running: an operation run at once on the caller's
-  // thread records one state change less).
-  uint64_t queued(std::shared_ptr<const std::string> comm, uint64_t seq, const Fingerprint& fp,
-                  size_t bytes, bool running = false, int peer = -1, bool send = false);
+  // thread records one state change less), since `queued_s` (< 0: now). kNoRecord when
+  // LOOM_FLIGHT_RECORDS is 0.
+  uint64_t queued(const std::shared_ptr<const std::string>& comm, uint64_t seq,
+                  const Fingerprint& fp, size_t bytes, bool running = false, int peer = -1,
+                  bool send = false, double queued_s = -1);
+  // A finished collective recorded in one step (the caller's fast path: an operation that
+  // ends within ~100 ms is entered once it has, one lock instead of two; one that waits
+  // longer is entered as running by its wait loop, with queued() and finished()).
+  void record_done(const std::shared_ptr<const std::string>& comm, uint64_t seq,
+                   const Fingerprint& fp, size_t bytes, double started_s, bool ok);
   void started(uint64_t id);
   // A receive's sequence number (and, from any source, its peer) once it is matched.
   void matched(uint64_t id, uint64_t seq, int peer);
@@ -76,8 +84,8 @@ class FlightRecorder {
   void trace(const FlightEntry& e);
 
   mutable std::mutex mu_;
-  std::deque<FlightEntry> ring_;
   size_t capacity_;
+  std::vector<FlightEntry> ring_;  // entry `id` at id % capacity_, the last capacity_ kept
   uint64_t next_id_ = 0;
   std::map<std::string, int> tracks_;        // timeline track (thread id) of each
   std::map<std::string, double> track_end_;  // and when its last span ended
