@@ -4,7 +4,7 @@
 # BUILD/fuzz-corpus/<target> (not committed); a crash leaves BUILD/fuzz-crash/<target>-* and
 # fails the run. Regression inputs live in tests/fuzz/corpus and are run first every time.
 #   bash scripts/fuzz.sh [BUILD=build-clang] [SECONDS=600]     (LOOM_FUZZ_JOBS=2 at a time)
-# BUILD must be configured with clang and -DLOOM_FUZZ=ON (scripts/test.sh does).
+# BUILD must be configured with clang and -DLOOM_FUZZ=ON (scripts/sanitize.sh does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-clang}

@@ -13,7 +13,7 @@ import time
 
 TOL = 1e-5  # per-step losses of two layouts of the same optimisation, relative
 
-# Under the sanitizers (scripts/test.sh sets LOOM_E2E_SANITIZED=1 for the ASan pass) the
+# Under the sanitizers (scripts/sanitize.sh sets LOOM_E2E_SANITIZED=1 for the ASan pass) the
 # equivalence modes run each code path once -- the cases named by sanitized_cases() -- not
 # every combination: a run is ~5x slower there, and the release pass runs them all.
 SANITIZED = os.environ.get("LOOM_E2E_SANITIZED") == "1"
