@@ -43,12 +43,14 @@ std::vector<Case> all_cases() {
 
 // A 4 KiB ring: the messages go round it hundreds of times, so every header slot a receiver
 // polls last held an earlier lap's header, stamp or payload, and frames with an inline
-// payload (up to 16 bytes), header-only frames and multi-chunk ones that wrap alternate.
+// payload (up to 16 bytes), header-only frames, whole frames (payload before the stamp, up
+// to 4 KiB, often wrapping here) and multi-chunk ones that wrap alternate.
 TEST(ShmRing, SmallFramesAcrossManyLaps) {
   ::setenv("LOOM_SHM_RING", "4096", 1);
   for (int n : {2, 3}) {
     std::string name = "ring-laps-" + std::to_string(n);
-    std::vector<size_t> counts{0, 1, 2, 3, 4, 1, 17, 2, 1031, 1, static_cast<size_t>(n) * 5 + 1};
+    std::vector<size_t> counts{0, 1,    2, 3,   4,   1, 17,
+                               2, 1031, 1, 300, 301, 1, static_cast<size_t>(n) * 5 + 1};
     run_ranks(n, Layout::kShm, name, [&](Communicator& c) {
       for (int round = 0; round < 3; ++round) {
         int wrong = sweep(c, counts, name, [](const std::string& m) { ADD_FAILURE() << m; });

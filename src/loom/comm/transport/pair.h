@@ -31,6 +31,8 @@ constexpr uint32_t kFrameMagic = 0x4d4f4f4c;  // "LOOM"
 constexpr uint32_t kFrameSingleCopy = 1;      // read with process_vm_readv (or plain loads)
 constexpr uint32_t kFrameShared = 2;          // inside a buffer the receiver has mapped
 constexpr uint32_t kFrameInline = 4;          // the payload rides in the header's slot (shm)
+constexpr uint32_t kFrameWhole =
+    8;  // the payload, in the slots after the header's, came first (shm)
 
 // Identifies an operation; identical on every rank that takes part.
 struct Fingerprint {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -124,6 +125,11 @@ inline void tsan_acquire(const void* p) {
 constexpr size_t kStampAt = kSlot - 8;
 constexpr size_t kInlineMax = kStampAt - sizeof(FrameHeader);  // payload bytes inside a slot
 static_assert(kInlineMax == 16);
+// A small frame too large for its header's slot is written whole before the stamp: its
+// payload first, in the slots that follow, then the header slot with the stamp. A receiver
+// that sees the stamp has the payload too, without waiting for the tail (its own line):
+// the payload's lines travel together instead of after the tail's.
+constexpr size_t kWholeMax = 4096;
 inline uint64_t stamp_of(uint64_t pos, uint64_t key) {
   return ((pos / kSlot) * 0x9E3779B97F4A7C15ull ^ key) | (1ull << 63);
 }
@@ -172,6 +178,9 @@ ShmPair::ShmPair(int self, int peer, shm::Segment seg, int side)
   single_copy_min_ = static_cast<size_t>(std::max<int64_t>(0, kSingleCopy.get()));
   shared_min_ = static_cast<size_t>(std::max<int64_t>(0, kSharedMin.get()));
   shared_min_allreduce_ = static_cast<size_t>(std::max<int64_t>(0, kSharedMinAllreduce.get()));
+  in_place_floor_ = SIZE_MAX;
+  for (size_t m : {single_copy_min_, shared_min_, shared_min_allreduce_})
+    if (m > 0) in_place_floor_ = std::min(in_place_floor_, m);
   if (side == 1) {
     if (single_copy_min_ > 0) allow_peer_reads();
     h->probe_addr[1] = reinterpret_cast<uintptr_t>(&kProbeWord);
@@ -351,6 +360,28 @@ bool ShmPair::progress_send() {
       const bool inline_payload = r.bytes <= kInlineMax;  // the whole frame is this slot
       FrameHeader h = r.header;
       if (inline_payload && r.bytes > 0) h.flags |= kFrameInline;
+      if (!inline_payload && r.bytes <= kWholeMax && free < kSlot + round_up(r.bytes)) {
+        tx_head_seen_ = load_acquire(tx_head_);
+        free = ring_bytes_ - (tx_pos_ - tx_head_seen_);
+      }
+      if (!inline_payload && r.bytes <= kWholeMax && free >= kSlot + round_up(r.bytes)) {
+        // Payload first, then the header's slot and its stamp (release): all published at once.
+        const size_t off = (tx_pos_ + kSlot) & mask_;
+        const size_t first = std::min<size_t>(r.bytes, ring_bytes_ - off);
+        std::memcpy(tx_data_ + off, r.buf, first);
+        if (first < r.bytes)
+          std::memcpy(tx_data_, static_cast<const std::byte*>(r.buf) + first, r.bytes - first);
+        h.flags |= kFrameWhole;
+        std::memcpy(slot, &h, sizeof h);
+        store_release(reinterpret_cast<uint64_t*>(slot + kStampAt), stamp_of(tx_pos_, stamp_key_));
+        tx_pos_ += kSlot + round_up(r.bytes);
+        store_release(tx_tail_, tx_pos_);
+        r.progress = kSlot + r.bytes;
+        r.done = true;
+        sends_.pop_front();
+        moved = true;
+        continue;
+      }
       std::memcpy(slot, &h, sizeof h);
       if (inline_payload && r.bytes > 0) std::memcpy(slot + sizeof h, r.buf, r.bytes);
       store_release(reinterpret_cast<uint64_t*>(slot + kStampAt), stamp_of(tx_pos_, stamp_key_));
@@ -439,7 +470,13 @@ bool ShmPair::progress_recv() {
           load_acquire(reinterpret_cast<uint64_t*>(rx_data_ + (rx_pos_ & mask_) + kStampAt)) ==
               stamp_of(rx_pos_, stamp_key_)) {
         rx_tail_seen_ = rx_pos_ + kSlot;  // the tail is at least there
+        stamp_misses_ = 0;
       } else {
+        // Only an in-place frame (no stamp) needs the tail here, and only a message of the
+        // in-place sizes is sent so: below them the tail is read on every 16th miss (in case
+        // the sender's settings differ), so that waiting for a small message polls the slot's
+        // line alone (a line the sender stores to while we read it costs an invalidation).
+        if (!r.header_seen && r.bytes < in_place_floor_ && (++stamp_misses_ & 15) != 0) break;
         rx_tail_seen_ = tail_seen();
         if (rx_tail_seen_ == rx_pos_) break;
       }
@@ -452,6 +489,9 @@ bool ShmPair::progress_recv() {
       const bool inline_payload = (h.flags & kFrameInline) != 0;
       const bool in_place = (h.flags & (kFrameSingleCopy | kFrameShared)) != 0;
       if (inline_payload) deliver(r, slot + sizeof h, r.bytes);
+      // A whole frame's payload is here already (written before the stamp we saw).
+      if (h.flags & kFrameWhole)
+        rx_tail_seen_ = std::max(rx_tail_seen_, rx_pos_ + kSlot + round_up(r.bytes));
       shm::SharedRef ref;  // an in-place frame's shared buffer, if it names one
       if (in_place) {
         std::memcpy(&rx_remote_, slot + sizeof h, sizeof rx_remote_);

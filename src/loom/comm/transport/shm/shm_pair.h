@@ -82,6 +82,7 @@ class ShmPair : public Pair {
   uint64_t* rx_head_;
   uint64_t rx_pos_ = 0;
   uint64_t rx_tail_seen_ = 0;
+  uint32_t stamp_misses_ = 0;  // polls of an unstamped boundary since the tail was last read
   // Single copy.
   size_t single_copy_min_;  // 0: off
   int peer_pid_ = 0;
@@ -97,6 +98,7 @@ class ShmPair : public Pair {
                                          // mapping of a shared buffer); nullptr: process_vm_readv
   shm::PeerMappings peer_buffers_;
   size_t shared_min_, shared_min_allreduce_;
+  size_t in_place_floor_;          // the smallest message this side's settings send in place
   std::vector<std::byte> bounce_;  // a reduction's pieces read from another process
 };
 
