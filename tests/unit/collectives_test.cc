@@ -3,12 +3,16 @@
 // of two ranks: shm inside, TCP across). Expected values are closed-form (values.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <set>
+#include <thread>
 
 #include "loom/comm/communicator.h"
 #include "loom/comm/transport/shm/shm_pair.h"
+#include "loom/core/cpus.h"
 #include "support/sweep.h"
 #include "support/thread_ranks.h"
 #include "support/values.h"
@@ -59,6 +63,28 @@ TEST(ShmRing, SmallFramesAcrossManyLaps) {
     });
   }
   ::unsetenv("LOOM_SHM_RING");
+}
+
+// More ranks than cores, LOOM_SHM_FUTEX=1: a rank that has waited LOOM_FUTEX_AFTER_US for
+// its one peer sleeps on the pair's futex, and the peer's next write wakes it (the counters
+// see both sides).
+TEST(ShmFutex, AWaitingRankSleepsAndIsWoken) {
+  const int n = std::max(3, cpus_available() + 1);  // oversubscribed on any machine
+  ::setenv("LOOM_SHM_FUTEX", "1", 1);
+  ::setenv("LOOM_FUTEX_AFTER_US", "200", 1);
+  const uint64_t slept = comm::ShmPair::futex_sleeps(), woken = comm::ShmPair::futex_wakes();
+  run_ranks(n, Layout::kShm, "futex", [&](Communicator& c) {
+    for (int round = 0; round < 3; ++round) {
+      if (c.rank() == round % c.size()) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      std::vector<float> v(1000, float(c.rank() + 1));
+      c.allreduce(v.data(), v.data(), v.size(), DType::kF32, ReduceOp::kSum);
+      EXPECT_EQ(v[999], float(c.size() * (c.size() + 1) / 2)) << "round " << round;
+    }
+  });
+  ::unsetenv("LOOM_FUTEX_AFTER_US");
+  ::unsetenv("LOOM_SHM_FUTEX");
+  EXPECT_GT(comm::ShmPair::futex_sleeps(), slept);
+  EXPECT_GT(comm::ShmPair::futex_wakes(), woken);
 }
 
 // Single copy between thread ranks: every collective message is read in place from the

@@ -47,6 +47,10 @@ const DoubleTunable kSpin("LOOM_SPIN_US", 5.0,
                           "microseconds a waiting rank busy-polls before it yields (0 when "
                           "oversubscribed)");
 
+const DoubleTunable kFutexAfter("LOOM_FUTEX_AFTER_US", 1000.0,
+                                "microseconds a waiting rank of an oversubscribed host yields "
+                                "before it sleeps on its peer's futex (LOOM_SHM_FUTEX)");
+
 constexpr uint32_t kPairHelloMagic = 0x52494150;  // "PAIR"
 
 struct PairHello {
@@ -187,6 +191,7 @@ void Communicator::connect(Deadline deadline) {
   topo_.oversubscribed =
       static_cast<int>(topo_.hosts[topo_.host_of[rank_]].size()) > cpus_available();
   wait_policy_.spin_us = topo_.oversubscribed ? 0 : kSpin.get();
+  wait_policy_.futex_after_us = kFutexAfter.get();
 
   pairs_.resize(size_);
   const std::string my_name = static_cast<PrefixStore&>(*store_).prefix();
@@ -281,6 +286,8 @@ void Communicator::connect(Deadline deadline) {
     if (expect[q]) pairs_[q] = std::make_unique<TcpPair>(rank_, q, std::move(accepted[q]));
   for (int q = 0; q < size_; ++q)
     if (pairs_[q]) pairs_[q]->name_ends(world_ranks_[rank_], world_ranks_[q]);
+  for (auto& p : pairs_)
+    if (auto* shm = dynamic_cast<ShmPair*>(p.get())) shm->set_futex(topo_.oversubscribed);
 
   LOOM_LOG(kInfo, "comm") << "communicator '" << cfg_.name << "' rank " << rank_ << "/" << size_
                           << ": " << topo_.describe();

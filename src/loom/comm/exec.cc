@@ -172,7 +172,18 @@ void Exec::progress_until(const std::function<bool()>& done) {
     }
     double waited_us = duration<double, std::micro>(now - block_start).count();
     if (waited_us < policy_.spin_us) continue;
-    if (waited_us < policy_.spin_us + policy_.yield_us) {
+    // Waiting on one shared-memory peer (an oversubscribed host): sleep until it writes,
+    // leaving the core to the rank that has work, instead of yielding it back and forth.
+    Pair* sleeper = nullptr;
+    if (waited_us >= policy_.spin_us + policy_.futex_after_us) {
+      int busy = 0;
+      for (auto& p : pairs_)
+        if (p && p->busy()) ++busy, sleeper = p.get();
+      if (busy != 1 || !sleeper->can_sleep()) sleeper = nullptr;
+    }
+    if (sleeper) {
+      sleeper->sleep_until_peer(1000);
+    } else if (waited_us < policy_.spin_us + policy_.yield_us) {
       sched_yield();
     } else {
       fds.clear();

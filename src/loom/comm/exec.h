@@ -23,6 +23,9 @@ namespace loom::comm {
 struct WaitPolicy {
   double spin_us = 5;      // busy-poll this long before yielding (0 when oversubscribed)
   double yield_us = 1000;  // then sched_yield for this long, then sleep/poll
+  // or, waiting on one peer whose pair can block us until it writes (can_sleep: a futex on
+  // an oversubscribed host), sleep on it after this long
+  double futex_after_us = 1000;
 };
 
 // The request queues of a communicator's one running operation, kept by the communicator:

@@ -123,6 +123,11 @@ class Pair {
   virtual bool polled() const { return false; }
   // Throws PeerError(kDead) when the peer process is gone. Cheap enough for every ~100 ms.
   virtual void check_peer() {}
+  // Whether sleep_until_peer() can block this waiter until the peer writes (a futex).
+  virtual bool can_sleep() const { return false; }
+  // Blocks until the peer publishes anything to this pair, or at most `max_us`; returns at
+  // once (having progressed) if something moved meanwhile.
+  virtual void sleep_until_peer(int max_us) { (void)max_us; }
   virtual const char* kind() const = 0;
   // With no receive posted: the header of the next incoming message, if it has arrived,
   // without consuming it (how a receive from any source finds its sender).

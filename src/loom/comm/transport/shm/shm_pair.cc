@@ -1,6 +1,8 @@
 #include "loom/comm/transport/shm/shm_pair.h"
 
+#include <linux/futex.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -38,12 +40,17 @@ const IntTunable kSharedMin("LOOM_SHM_SHARED_MIN", 64 << 10,
                             "a collective's message of at least this many bytes sent from a "
                             "shared buffer (alloc_shared) is read in place by its receiver; "
                             "0 = always the ring");
+const IntTunable kShmFutex("LOOM_SHM_FUTEX", 0,
+                           "1: a rank of an oversubscribed host that has waited "
+                           "LOOM_FUTEX_AFTER_US for one shared-memory peer sleeps on a futex "
+                           "the peer wakes (0: yields, then naps; not shown faster here: perf.md)");
 const IntTunable kSharedMinAllreduce(
     "LOOM_SHM_SHARED_MIN_ALLREDUCE", 32 << 20,
     "the same for allreduce's messages (its reads in place lose to the ring below ~32 MiB "
     "messages on the development machine: docs/perf.md)");
 constexpr size_t kBouncePiece = 128 << 10;  // a reduction's piece read from another process
 std::atomic<uint64_t> g_read_in_place{0};
+std::atomic<uint64_t> g_futex_sleeps{0}, g_futex_wakes{0};
 
 constexpr uint64_t kSegMagic = 0x314d48534d4f4f4cull;  // "LOOMSHM1"
 constexpr size_t kSlot = 64;
@@ -85,6 +92,13 @@ uint64_t* head_of(void* base, int ring) {
 // Written by the consumer, like head (same 128-byte pair of lines, its own line).
 uint64_t* ack_of(void* base, int ring) {
   return reinterpret_cast<uint64_t*>(static_cast<std::byte*>(base) + kCtlOffset + ring * 256 + 192);
+}
+// Side k's futex doorbell and sleeping flag, one line per side, after the rings' blocks.
+uint32_t* bell_of(void* base, int side) {
+  return reinterpret_cast<uint32_t*>(static_cast<std::byte*>(base) + kCtlOffset + 1024 + side * 64);
+}
+uint32_t* sleeping_of(void* base, int side) {
+  return bell_of(base, side) + 1;
 }
 std::byte* data_of(void* base, int ring, size_t ring_bytes) {
   return static_cast<std::byte*>(base) + kDataOffset + ring * ring_bytes;
@@ -148,6 +162,14 @@ size_t ShmPair::default_ring_bytes() {
   return v;
 }
 
+uint64_t ShmPair::futex_sleeps() {
+  return g_futex_sleeps.load();
+}
+
+uint64_t ShmPair::futex_wakes() {
+  return g_futex_wakes.load();
+}
+
 uint64_t ShmPair::bytes_read_in_place() {
   return g_read_in_place.load(std::memory_order_relaxed);
 }
@@ -195,6 +217,8 @@ ShmPair::ShmPair(int self, int peer, shm::Segment seg, int side)
   rx_head_ = head_of(seg_.data(), rx);
   tx_ack_ = ack_of(seg_.data(), tx);
   rx_ack_ = ack_of(seg_.data(), rx);
+  my_bell_ = bell_of(seg_.data(), side), my_sleeping_ = sleeping_of(seg_.data(), side);
+  peer_bell_ = bell_of(seg_.data(), 1 - side), peer_sleeping_ = sleeping_of(seg_.data(), 1 - side);
   // Touch every page of both rings now, from this process: under a hypervisor that shadows
   // page tables (PVM here) a page's first touch by each process traps even when the mapping
   // is populated, which made a job's first few hundred operations 10-20x slower until the
@@ -297,6 +321,41 @@ void ShmPair::revoke() {
   std::atomic_ref<uint32_t>(h->revoked[side_]).store(1, std::memory_order_seq_cst);
 }
 
+void ShmPair::set_futex(bool on) {
+  futex_ = on && kShmFutex.get() != 0;
+}
+
+void ShmPair::publish(uint64_t* word, uint64_t v) {
+  store_release(word, v);
+  // Where a side may sleep (futex_), the store above and the read of its flag are ordered
+  // by a read-modify-write: the sleeper announces itself with one too (exchange), so either
+  // it reads our store after its announcement or we read its flag set (a fence would do
+  // on x86, but ThreadSanitizer cannot model fences).
+  std::atomic_ref<uint32_t> sleeping(*peer_sleeping_);
+  const uint32_t asleep = futex_ ? sleeping.fetch_add(0, std::memory_order_seq_cst)
+                                 : sleeping.load(std::memory_order_relaxed);
+  if (asleep != 0) {
+    std::atomic_ref<uint32_t>(*peer_bell_).fetch_add(1, std::memory_order_release);
+    ::syscall(SYS_futex, peer_bell_, FUTEX_WAKE, 1, nullptr, nullptr, 0);
+    g_futex_wakes.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void ShmPair::sleep_until_peer(int max_us) {
+  std::atomic_ref<uint32_t> bell(*my_bell_), sleeping(*my_sleeping_);
+  const uint32_t rung = bell.load(std::memory_order_acquire);
+  sleeping.exchange(1, std::memory_order_seq_cst);
+  struct Awake {
+    std::atomic_ref<uint32_t>& s;
+    ~Awake() { s.store(0, std::memory_order_relaxed); }
+  } awake{sleeping};
+  if (progress()) return;  // something came in before we announced ourselves
+  timespec ts{max_us / 1000000, (max_us % 1000000) * 1000L};
+  g_futex_sleeps.fetch_add(1, std::memory_order_relaxed);
+  // Returns at once if the bell rang since `rung` (EAGAIN), on a wake, or at the bound.
+  ::syscall(SYS_futex, my_bell_, FUTEX_WAIT, rung, &ts, nullptr, 0);
+}
+
 bool ShmPair::reap_acks() {
   uint64_t ack = load_acquire(tx_ack_);
   if (ack == acked_) return false;
@@ -347,7 +406,7 @@ bool ShmPair::progress_send() {
           .store(static_cast<uint32_t>(ref.fd), std::memory_order_relaxed);
       tsan_release(r.buf);
       tx_pos_ += kSlot;
-      store_release(tx_tail_, tx_pos_);
+      publish(tx_tail_, tx_pos_);
       r.progress = kSlot;
       sends_.pop_front();
       unacked_.push_back(&r);
@@ -375,7 +434,7 @@ bool ShmPair::progress_send() {
         std::memcpy(slot, &h, sizeof h);
         store_release(reinterpret_cast<uint64_t*>(slot + kStampAt), stamp_of(tx_pos_, stamp_key_));
         tx_pos_ += kSlot + round_up(r.bytes);
-        store_release(tx_tail_, tx_pos_);
+        publish(tx_tail_, tx_pos_);
         r.progress = kSlot + r.bytes;
         r.done = true;
         sends_.pop_front();
@@ -390,7 +449,7 @@ bool ShmPair::progress_send() {
       r.progress = kSlot;
       moved = true;
       if (inline_payload) {
-        store_release(tx_tail_, tx_pos_);
+        publish(tx_tail_, tx_pos_);
         r.progress += r.bytes;
         r.done = true;
         sends_.pop_front();
@@ -402,7 +461,7 @@ bool ShmPair::progress_send() {
     size_t n = std::min<size_t>({left, static_cast<size_t>(free), chunk_});
     if (n < left) n &= ~(kSlot - 1);
     if (n == 0) {
-      if (moved) store_release(tx_tail_, tx_pos_);  // publish the header alone
+      if (moved) publish(tx_tail_, tx_pos_);  // publish the header alone
       break;
     }
     const auto* src = static_cast<const std::byte*>(r.buf) + sent;
@@ -412,7 +471,7 @@ bool ShmPair::progress_send() {
     if (first < n) std::memcpy(tx_data_, src + first, n - first);
     tx_pos_ += (n == left) ? round_up(n) : n;
     r.progress += n;
-    store_release(tx_tail_, tx_pos_);
+    publish(tx_tail_, tx_pos_);
     moved = true;
     if (n == left) {
       r.done = true;
@@ -459,7 +518,7 @@ bool ShmPair::progress_recv() {
       rx_in_place_ = false;
       g_read_in_place.fetch_add(r.bytes, std::memory_order_relaxed);
       tsan_release(reinterpret_cast<const void*>(rx_remote_));
-      store_release(rx_ack_, ++rx_acks_);
+      publish(rx_ack_, ++rx_acks_);
       r.done = true;
       recvs_.pop_front();
       continue;
@@ -507,7 +566,7 @@ bool ShmPair::progress_recv() {
       r.header_seen = true;
       moved = true;
       if (in_place) {
-        store_release(rx_head_, rx_pos_);
+        publish(rx_head_, rx_pos_);
         // Where we read it: its own address on a thread rank of this process, our mapping
         // of a shared buffer, or (nullptr) through process_vm_readv.
         if (!probed_) probe_peer();  // a frame arrived, so the peer's pid is published
@@ -520,13 +579,13 @@ bool ShmPair::progress_recv() {
         continue;
       }
       if (r.bytes == 0 || inline_payload) {  // the frame was this slot
-        store_release(rx_head_, rx_pos_);
+        publish(rx_head_, rx_pos_);
         r.done = true;
         recvs_.pop_front();
         continue;
       }
       if (rx_tail_seen_ == rx_pos_) {
-        store_release(rx_head_, rx_pos_);
+        publish(rx_head_, rx_pos_);
         continue;
       }
     }
@@ -537,7 +596,7 @@ bool ShmPair::progress_recv() {
     deliver(r, rx_data_ + off, first);
     if (first < n) deliver(r, rx_data_, n - first);
     rx_pos_ += (n == left) ? round_up(n) : n;
-    store_release(rx_head_, rx_pos_);
+    publish(rx_head_, rx_pos_);
     moved = true;
     if (r.got == r.bytes) {
       r.done = true;

@@ -43,9 +43,16 @@ class ShmPair : public Pair {
   static size_t default_ring_bytes();
   // Payload bytes this process has received by reading senders' buffers in place (tests).
   static uint64_t bytes_read_in_place();
+  // Futex sleeps of this process's waiters, and wake-ups its ranks sent (LOOM_SHM_FUTEX).
+  static uint64_t futex_sleeps();
+  static uint64_t futex_wakes();
 
   bool progress() override;
   void check_peer() override;
+  bool can_sleep() const override { return futex_; }
+  // Sleep on the futex when waiting (the communicator's choice: this host is oversubscribed).
+  void set_futex(bool on);
+  void sleep_until_peer(int max_us) override;
   const char* kind() const override { return "shm"; }
   bool peek(FrameHeader* h) override;
 
@@ -98,7 +105,15 @@ class ShmPair : public Pair {
                                          // mapping of a shared buffer); nullptr: process_vm_readv
   shm::PeerMappings peer_buffers_;
   size_t shared_min_, shared_min_allreduce_;
-  size_t in_place_floor_;          // the smallest message this side's settings send in place
+  size_t in_place_floor_;  // the smallest message this side's settings send in place
+  // Futex doorbells (LOOM_SHM_FUTEX): a side about to sleep sets its `sleeping` word; the
+  // other side, after each store that publishes (tail, head, ack), bumps that side's `bell`
+  // and wakes it. Read-modify-writes on the flag make the hand-off exact where a side may
+  // sleep (futex_); elsewhere a wake-up could be late by the sleep's bound (1 ms), no more.
+  bool futex_ = false;
+  uint32_t *my_bell_ = nullptr, *my_sleeping_ = nullptr;
+  uint32_t *peer_bell_ = nullptr, *peer_sleeping_ = nullptr;
+  void publish(uint64_t* word, uint64_t v);
   std::vector<std::byte> bounce_;  // a reduction's pieces read from another process
 };
 
