@@ -244,22 +244,29 @@ double FlightRecorder::now_s() {
   return std::chrono::duration<double>(t - kStart).count();
 }
 
+// The next entry, overwritten in place (mu_ held): the name's reference count moves only
+// when the communicator differs and the waiting list keeps its capacity (no allocation, no
+// atomic per operation).
+FlightEntry& FlightRecorder::enter(const std::shared_ptr<const std::string>& comm, uint64_t seq,
+                                   const Fingerprint& fp, size_t bytes, int peer, bool send) {
+  const uint64_t id = next_id_++;
+  FlightEntry& e = ring_[id % capacity_];
+  if (e.comm != comm) e.comm = comm;
+  e.id = id, e.seq = seq, e.fp = fp, e.bytes = bytes, e.peer = peer, e.send = send;
+  e.waiting_for.clear();
+  return e;
+}
+
 uint64_t FlightRecorder::queued(const std::shared_ptr<const std::string>& comm, uint64_t seq,
                                 const Fingerprint& fp, size_t bytes, bool running, int peer,
                                 bool send, double queued_s) {
   if (capacity_ == 0) return kNoRecord;
   if (queued_s < 0) queued_s = now_s();
   std::lock_guard<std::mutex> lock(mu_);
-  const uint64_t id = next_id_++;
-  FlightEntry& e = ring_[id % capacity_];
-  // Overwritten in place: the name's reference count moves only when the communicator differs
-  // and the waiting list keeps its capacity (no allocation, no atomic per operation).
-  if (e.comm != comm) e.comm = comm;
-  e.id = id, e.seq = seq, e.fp = fp, e.bytes = bytes, e.peer = peer, e.send = send;
+  FlightEntry& e = enter(comm, seq, fp, bytes, peer, send);
   e.state = running ? OpState::kRunning : OpState::kQueued;
   e.queued_s = queued_s, e.started_s = running ? queued_s : -1, e.ended_s = -1;
-  e.waiting_for.clear();
-  return id;
+  return e.id;
 }
 
 void FlightRecorder::record_done(const std::shared_ptr<const std::string>& comm, uint64_t seq,
@@ -269,12 +276,9 @@ void FlightRecorder::record_done(const std::shared_ptr<const std::string>& comm,
   std::optional<FlightEntry> done;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    FlightEntry& e = ring_[next_id_ % capacity_];
-    if (e.comm != comm) e.comm = comm;
-    e.id = next_id_++, e.seq = seq, e.fp = fp, e.bytes = bytes, e.peer = -1, e.send = false;
+    FlightEntry& e = enter(comm, seq, fp, bytes, -1, false);
     e.state = ok ? OpState::kDone : OpState::kFailed;
     e.queued_s = e.started_s = started_s, e.ended_s = t;
-    e.waiting_for.clear();
     if (Trace::on()) done = e;
   }
   if (done) trace(*done);

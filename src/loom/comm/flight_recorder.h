@@ -81,6 +81,8 @@ class FlightRecorder {
  private:
   FlightRecorder();
   FlightEntry* find(uint64_t id);  // null once the ring dropped it
+  FlightEntry& enter(const std::shared_ptr<const std::string>& comm, uint64_t seq,
+                     const Fingerprint& fp, size_t bytes, int peer, bool send);
   void trace(const FlightEntry& e);
 
   mutable std::mutex mu_;

@@ -144,6 +144,10 @@ static_assert(kInlineMax == 16);
 // that sees the stamp has the payload too, without waiting for the tail (its own line):
 // the payload's lines travel together instead of after the tail's.
 constexpr size_t kWholeMax = 4096;
+// The stamp's word of the header slot at `slot`.
+inline uint64_t* stamp_word(const std::byte* slot) {
+  return reinterpret_cast<uint64_t*>(const_cast<std::byte*>(slot) + kStampAt);
+}
 inline uint64_t stamp_of(uint64_t pos, uint64_t key) {
   return ((pos / kSlot) * 0x9E3779B97F4A7C15ull ^ key) | (1ull << 63);
 }
@@ -367,6 +371,14 @@ bool ShmPair::reap_acks() {
   return true;
 }
 
+// Copies n bytes into our ring from position `pos` on, wrapping at its end.
+void ShmPair::write_ring(uint64_t pos, const void* src, size_t n) {
+  const size_t off = pos & mask_;
+  const size_t first = std::min<size_t>(n, ring_bytes_ - off);
+  std::memcpy(tx_data_ + off, src, first);
+  if (first < n) std::memcpy(tx_data_, static_cast<const std::byte*>(src) + first, n - first);
+}
+
 bool ShmPair::progress_send() {
   bool moved = false;
   while (!sends_.empty()) {
@@ -402,7 +414,7 @@ bool ShmPair::progress_send() {
       // The descriptor sits in the stamp's word (no stamp: the receiver finds this frame by
       // the tail), written atomically since a receiver at this boundary polls that word.
       static_assert(sizeof(FrameHeader) + 16 == kStampAt);
-      std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(slot + kStampAt))
+      std::atomic_ref<uint64_t>(*stamp_word(slot))
           .store(static_cast<uint32_t>(ref.fd), std::memory_order_relaxed);
       tsan_release(r.buf);
       tx_pos_ += kSlot;
@@ -419,21 +431,19 @@ bool ShmPair::progress_send() {
       const bool inline_payload = r.bytes <= kInlineMax;  // the whole frame is this slot
       FrameHeader h = r.header;
       if (inline_payload && r.bytes > 0) h.flags |= kFrameInline;
-      if (!inline_payload && r.bytes <= kWholeMax && free < kSlot + round_up(r.bytes)) {
+      const bool small = !inline_payload && r.bytes <= kWholeMax;  // may be written whole
+      const uint64_t whole = kSlot + round_up(r.bytes);
+      if (small && free < whole) {
         tx_head_seen_ = load_acquire(tx_head_);
         free = ring_bytes_ - (tx_pos_ - tx_head_seen_);
       }
-      if (!inline_payload && r.bytes <= kWholeMax && free >= kSlot + round_up(r.bytes)) {
+      if (small && free >= whole) {
         // Payload first, then the header's slot and its stamp (release): all published at once.
-        const size_t off = (tx_pos_ + kSlot) & mask_;
-        const size_t first = std::min<size_t>(r.bytes, ring_bytes_ - off);
-        std::memcpy(tx_data_ + off, r.buf, first);
-        if (first < r.bytes)
-          std::memcpy(tx_data_, static_cast<const std::byte*>(r.buf) + first, r.bytes - first);
+        write_ring(tx_pos_ + kSlot, r.buf, r.bytes);
         h.flags |= kFrameWhole;
         std::memcpy(slot, &h, sizeof h);
-        store_release(reinterpret_cast<uint64_t*>(slot + kStampAt), stamp_of(tx_pos_, stamp_key_));
-        tx_pos_ += kSlot + round_up(r.bytes);
+        store_release(stamp_word(slot), stamp_of(tx_pos_, stamp_key_));
+        tx_pos_ += whole;
         publish(tx_tail_, tx_pos_);
         r.progress = kSlot + r.bytes;
         r.done = true;
@@ -443,7 +453,7 @@ bool ShmPair::progress_send() {
       }
       std::memcpy(slot, &h, sizeof h);
       if (inline_payload && r.bytes > 0) std::memcpy(slot + sizeof h, r.buf, r.bytes);
-      store_release(reinterpret_cast<uint64_t*>(slot + kStampAt), stamp_of(tx_pos_, stamp_key_));
+      store_release(stamp_word(slot), stamp_of(tx_pos_, stamp_key_));
       tx_pos_ += kSlot;
       free -= kSlot;
       r.progress = kSlot;
@@ -464,11 +474,7 @@ bool ShmPair::progress_send() {
       if (moved) publish(tx_tail_, tx_pos_);  // publish the header alone
       break;
     }
-    const auto* src = static_cast<const std::byte*>(r.buf) + sent;
-    size_t off = tx_pos_ & mask_;
-    size_t first = std::min(n, ring_bytes_ - off);
-    std::memcpy(tx_data_ + off, src, first);
-    if (first < n) std::memcpy(tx_data_, src + first, n - first);
+    write_ring(tx_pos_, static_cast<const std::byte*>(r.buf) + sent, n);
     tx_pos_ += (n == left) ? round_up(n) : n;
     r.progress += n;
     publish(tx_tail_, tx_pos_);
@@ -526,8 +532,7 @@ bool ShmPair::progress_recv() {
     if (rx_tail_seen_ == rx_pos_) {
       // At a frame boundary the slot's stamp says first whether a header is there.
       if (!r.header_seen &&
-          load_acquire(reinterpret_cast<uint64_t*>(rx_data_ + (rx_pos_ & mask_) + kStampAt)) ==
-              stamp_of(rx_pos_, stamp_key_)) {
+          load_acquire(stamp_word(rx_data_ + (rx_pos_ & mask_))) == stamp_of(rx_pos_, stamp_key_)) {
         rx_tail_seen_ = rx_pos_ + kSlot;  // the tail is at least there
         stamp_misses_ = 0;
       } else {
@@ -556,9 +561,7 @@ bool ShmPair::progress_recv() {
         std::memcpy(&rx_remote_, slot + sizeof h, sizeof rx_remote_);
         std::memcpy(&ref.id, slot + sizeof h + 8, sizeof ref.id);
         ref.fd = static_cast<int32_t>(
-            std::atomic_ref<uint64_t>(
-                *reinterpret_cast<uint64_t*>(const_cast<std::byte*>(slot) + kStampAt))
-                .load(std::memory_order_relaxed));
+            std::atomic_ref<uint64_t>(*stamp_word(slot)).load(std::memory_order_relaxed));
         tsan_acquire(reinterpret_cast<const void*>(rx_remote_));
       }
       // Everything the slot holds is read: from the head's release on, the sender may reuse it.

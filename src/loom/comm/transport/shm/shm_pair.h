@@ -61,6 +61,7 @@ class ShmPair : public Pair {
 
  private:
   bool progress_send();
+  void write_ring(uint64_t pos, const void* src, size_t n);
   bool progress_recv();
   bool reap_acks();
   uint64_t tail_seen() const;
