@@ -65,6 +65,13 @@ int run_sweep_shared(Communicator& c) {
   return expect_in_place(wrong ? 1 : 0);
 }
 
+int run_gather_shared(Communicator& c) {
+  int wrong = test::sweep_allgather_shared(c, "process-allgather-shared", [](const std::string& m) {
+    std::fprintf(stderr, "WRONG: %s\n", m.c_str());
+  });
+  return wrong ? 1 : 0;
+}
+
 int run_big(Communicator& c) {
   const int n = c.size(), r = c.rank();
   const size_t count = (64u << 20) / 4;  // 64 MiB of f32
@@ -167,6 +174,24 @@ int run_kill_in_place(Communicator& c, int victim) {
         raise(SIGKILL);
       }).detach();
     c.allgather(mine.data(), all.data(), per, DType::kF32);
+  }
+  std::printf("finished without noticing the dead rank\n");
+  return 0;
+}
+
+// ... while the ranks of its machine gather into a machine buffer it may own: reported by
+// every other rank, whose mapping of the buffer stays valid.
+int run_kill_shared(Communicator& c, int victim) {
+  const size_t per = (8u << 20) / 4;
+  comm::MachineBuffer all = c.alloc_machine_buffer(per * c.size() * sizeof(float));
+  std::vector<float> mine(per, static_cast<float>(c.rank()));
+  for (int it = 0; it < 400; ++it) {
+    if (it == 5 && c.rank() == victim)
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        raise(SIGKILL);
+      }).detach();
+    c.allgather_shared(mine.data(), all, per, DType::kF32);
   }
   std::printf("finished without noticing the dead rank\n");
   return 0;
@@ -419,6 +444,8 @@ int main(int argc, char** argv) {
     if (what == "async") return run_async(*c);
     if (what == "kill") return run_kill(*c, argc > 2 ? std::atoi(argv[2]) : 1);
     if (what == "kill_in_place") return run_kill_in_place(*c, argc > 2 ? std::atoi(argv[2]) : 1);
+    if (what == "kill_shared") return run_kill_shared(*c, argc > 2 ? std::atoi(argv[2]) : 1);
+    if (what == "gather_shared") return run_gather_shared(*c);
     if (what == "desync") return run_desync(*c);
     if (what == "soak")
       return run_soak(*c, argc > 2 ? std::atol(argv[2]) : 3000, argc > 3 ? argv[3] : ".");

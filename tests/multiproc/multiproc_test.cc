@@ -90,6 +90,15 @@ TEST(Processes, SweepFromSharedBuffers) {
   expect_ok(run_worker(4, {"sweep_shared"}, env));  // hosts {0,1} and {2,3}
 }
 
+// allgather_shared: one buffer per (virtual) machine that its processes map, round after
+// round; over shm, TCP between the processes of one machine, and two virtual hosts.
+TEST(Processes, AllgatherShared) {
+  for (int n : {2, 3, 4}) expect_ok(run_worker(n, {"gather_shared"}));
+  expect_ok(run_worker(2, {"gather_shared"}, {{"LOOM_TRANSPORT", "tcp"}}));
+  expect_ok(run_worker(4, {"gather_shared"}, {{"LOOM_TEST_HOSTS", "2"}}));
+  expect_ok(run_worker(5, {"gather_shared"}, {{"LOOM_TEST_HOSTS", "2"}}));
+}
+
 TEST(Processes, SweepOverTcp) {
   for (int n : {2, 3}) expect_ok(run_worker(n, {"sweep"}, {{"LOOM_TRANSPORT", "tcp"}}));
 }
@@ -160,6 +169,12 @@ TEST(Failures, KilledRankOverSharedMemory) {
 // from memory that is gone.
 TEST(Failures, KilledRankWhileReadInPlace) {
   kill_test(3, 1, {{"LOOM_SHM_SINGLE_COPY", "1"}}, "kill_in_place", "allgather");
+}
+// ... or while the ranks of its machine gather into a machine buffer: the buffer's owner
+// (rank 0) or another rank; the survivors keep their mapping and report the dead rank.
+TEST(Failures, KilledRankDuringSharedGather) {
+  kill_test(3, 0, {}, "kill_shared", "allgather_shared");
+  kill_test(3, 2, {}, "kill_shared", "allgather_shared");
 }
 TEST(Failures, KilledRankOverTcp) {
   kill_test(3, 1, {{"LOOM_TRANSPORT", "tcp"}});

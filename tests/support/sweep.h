@@ -3,11 +3,14 @@
 // closed-form values.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "loom/comm/communicator.h"
@@ -288,6 +291,45 @@ inline int sweep_shared(Communicator& c, const std::vector<size_t>& counts,
           break;
         }
   }
+  return wrong;
+}
+
+// allgather_shared against the closed form, round after round into the same machine buffers:
+// every dtype size, counts from 0 to past a ring's bytes. After each round rank 0 waits before it
+// reads the whole buffer, so a peer that started the next round's writes early (before every rank
+// of the machine had called it) would change what rank 0 reads. Returns the wrong results.
+inline int sweep_allgather_shared(Communicator& c, const std::string& where,
+                                  const std::function<void(const std::string&)>& report) {
+  int wrong = 0;
+  const int n = c.size(), r = c.rank();
+  const std::vector<size_t> counts{0, 1, 7, 1031, 70000};
+  for (DType t : {DType::kF32, DType::kBF16, DType::kI64, DType::kU8}) {
+    const size_t es = dtype_size(t);
+    comm::MachineBuffer buf = c.alloc_machine_buffer(70000 * es * n);
+    for (size_t count : counts)
+      for (int round = 0; round < 3; ++round) {
+        // Element i of rank q's block in round k: byte (q * 31 + k * 7 + i) of every element.
+        auto byte_of = [&](int q, size_t i) {
+          return static_cast<uint8_t>(q * 31 + round * 7 + i * 13);
+        };
+        std::vector<uint8_t> in(count * es);
+        uint8_t* src = in.data();
+        for (size_t i = 0; i < count; ++i) std::memset(src + i * es, byte_of(r, i), es);
+        c.allgather_shared(src, buf, count, t);
+        if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        const uint8_t* all = buf.as<uint8_t>();
+        bool ok = true;
+        for (int q = 0; q < n && ok; ++q)
+          for (size_t i = 0; i < count * es && ok; ++i)
+            ok = all[q * count * es + i] == byte_of(q, i / es);
+        if (!ok) {
+          report(where + " allgather_shared " + dtype_name(t) + " count " + std::to_string(count) +
+                 " round " + std::to_string(round) + ": wrong bytes");
+          ++wrong;
+        }
+      }
+  }
+  c.barrier();
   return wrong;
 }
 

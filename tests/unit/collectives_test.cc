@@ -13,6 +13,7 @@
 #include "loom/comm/communicator.h"
 #include "loom/comm/transport/shm/shm_pair.h"
 #include "loom/core/cpus.h"
+#include "loom/core/error.h"
 #include "support/sweep.h"
 #include "support/thread_ranks.h"
 #include "support/values.h"
@@ -123,6 +124,45 @@ TEST(SharedBuffers, SweepReadsInPlace) {
   ::unsetenv("LOOM_SHM_SHARED_MIN");
   ::unsetenv("LOOM_SHM_SHARED_MIN_ALLREDUCE");
   EXPECT_GT(comm::ShmPair::bytes_read_in_place(), before);
+}
+
+// allgather_shared on thread ranks: one machine buffer per (virtual) host, mapped again by
+// every rank of it but the first; over shm, TCP on one host, and two-level.
+TEST(AllgatherShared, ClosedFormRoundAfterRound) {
+  for (auto [layout, n] : {std::pair{Layout::kShm, 1},
+                           {Layout::kShm, 2},
+                           {Layout::kShm, 3},
+                           {Layout::kShm, 4},
+                           {Layout::kTcp, 2},
+                           {Layout::kHier, 4},
+                           {Layout::kHier, 5}}) {
+    std::string name = std::string("gather-shared-") + layout_name(layout) + std::to_string(n);
+    run_ranks(n, layout, name, [&](Communicator& c) {
+      int wrong = sweep_allgather_shared(c, name, [](const std::string& m) { ADD_FAILURE() << m; });
+      EXPECT_EQ(wrong, 0) << name << " rank " << c.rank();
+    });
+  }
+}
+
+// Misuse is named: a buffer too small or holding the input, and ranks of one machine that
+// gather into different buffers (every rank of it fails, naming both).
+TEST(AllgatherShared, MisuseIsNamed) {
+  run_ranks(2, Layout::kShm, "gather-shared-misuse", [&](Communicator& c) {
+    comm::MachineBuffer a = c.alloc_machine_buffer(2 * 100 * sizeof(float));
+    comm::MachineBuffer b = c.alloc_machine_buffer(2 * 100 * sizeof(float));
+    EXPECT_EQ(a.sharers(), 2);
+    EXPECT_NE(a.id(), b.id());
+    std::vector<float> in(101, 1.0f);
+    EXPECT_THROW(c.allgather_shared(in.data(), a, 101, DType::kF32), UserError);
+    EXPECT_THROW(c.allgather_shared(a.as<float>() + 100, a, 100, DType::kF32), UserError);
+    try {
+      c.allgather_shared(in.data(), c.rank() == 0 ? a : b, 100, DType::kF32);
+      ADD_FAILURE() << "different buffers not noticed on rank " << c.rank();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("different machine buffers"), std::string::npos)
+          << e.what();
+    }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CollectiveSweep, ::testing::ValuesIn(all_cases()),

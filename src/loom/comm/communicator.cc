@@ -339,6 +339,74 @@ SharedBuffer::~SharedBuffer() {
   shm::shared_free(data_);
 }
 
+MachineBuffer& MachineBuffer::operator=(MachineBuffer&& o) noexcept {
+  if (this != &o) {
+    if (mapped_) shm::unmap_peer_buffer(data_, bytes_);
+    own_ = std::move(o.own_);
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+    id_ = std::exchange(o.id_, 0);
+    sharers_ = std::exchange(o.sharers_, 1);
+    mapped_ = std::exchange(o.mapped_, false);
+  }
+  return *this;
+}
+
+MachineBuffer::~MachineBuffer() {
+  if (mapped_) shm::unmap_peer_buffer(data_, bytes_);
+}
+
+MachineBuffer Communicator::alloc_machine_buffer(size_t bytes) {
+  const std::vector<int>& local = topo_.hosts[topo_.host_of[rank_]];
+  const bool first = local.front() == rank_;
+  MachineBuffer m;
+  m.bytes_ = bytes;
+  m.sharers_ = static_cast<int>(local.size());
+  struct Ref {
+    int64_t pid = 0, fd = -1;
+    uint64_t id = 0;
+  } ref;
+  if (first) {
+    m.own_ = SharedBuffer(bytes);
+    shm::SharedRef sr;
+    LOOM_CHECK(shm::shared_find(m.own_.data(), bytes, &sr));
+    ref = {::getpid(), sr.fd, sr.id};
+    m.data_ = m.own_.data();
+  }
+  // The machine's first rank names its buffer to the others, which map it.
+  std::string why;
+  Op op;
+  op.fp = {OpKind::kMachineBuffer, DType::kU8, ReduceOp::kSum, Algo::kDirect, -1, bytes};
+  op.body = [&](Exec& x) {
+    if (first) {
+      for (size_t i = 1; i < local.size(); ++i) x.send(local[i], &ref, sizeof ref);
+    } else {
+      x.recv(local.front(), &ref, sizeof ref);
+    }
+    x.wait_all();
+  };
+  submit(std::move(op), true);
+  m.id_ = ref.id;
+  if (!first) {
+    m.data_ = shm::map_peer_buffer(static_cast<int>(ref.pid),
+                                   {ref.id, static_cast<int32_t>(ref.fd)}, bytes, &why);
+    m.mapped_ = m.data_ != nullptr;
+  }
+  // Every rank learns whether every rank could map it, so all of them fail together.
+  int64_t ok = first || m.mapped_ ? 1 : 0, all_ok = 0;
+  allreduce(&ok, &all_ok, 1, DType::kI64, ReduceOp::kMin);
+  if (all_ok == 1) return m;
+  if (!ok)
+    throw Error("rank " + std::to_string(rank_) + " of '" + cfg_.name +
+                "' cannot map the machine buffer of rank " + std::to_string(local.front()) + ": " +
+                why +
+                "; ranks of one machine must be able to open each other's /proc/PID/fd (same "
+                "user; ptrace policy); turn the shared gather off (zero.shared_gather = off)");
+  throw Error("a rank of '" + cfg_.name +
+              "' could not map its machine's shared buffer (its log names the cause); "
+              "turn the shared gather off (zero.shared_gather = off)");
+}
+
 StateSource* shared_state_source() {
   struct Source final : StateSource {
     void* allocate(size_t bytes) override { return shm::shared_alloc(bytes); }
@@ -936,6 +1004,34 @@ WorkPtr Communicator::barrier_impl(bool blocking, OpOptions o) {
   return launch(std::move(p), blocking, [](Exec& x) { algo::barrier_dissemination(x); });
 }
 
+WorkPtr Communicator::allgather_shared_impl(bool blocking, const void* in, MachineBuffer& out,
+                                            size_t count, DType t, OpOptions o) {
+  const size_t each = count * dtype_size(t);
+  const int local = static_cast<int>(topo_.hosts[topo_.host_of[rank_]].size());
+  if (each * size_ > out.size() || (out.size() > 0 && !out.data()) || out.sharers() != local)
+    throw UserError("allgather_shared of " + std::to_string(count) +
+                        " elements per rank needs a "
+                        "machine buffer of this communicator of at least " +
+                        std::to_string(each * size_) + " bytes; this one has " +
+                        std::to_string(out.size()) + " bytes and " + std::to_string(out.sharers()) +
+                        " sharers (the machine has " + std::to_string(local) + " ranks)",
+                    "allocate it with this communicator's alloc_machine_buffer(size() * count * "
+                    "element size)");
+  const auto* a = static_cast<const std::byte*>(in);
+  const auto* o0 = static_cast<const std::byte*>(out.data());
+  if (each > 0 && a < o0 + out.size() && o0 < a + each)
+    throw UserError("allgather_shared's input lies inside its machine buffer",
+                    "pass the rank's block from memory of its own: the machine buffer may "
+                    "still be read by the other ranks of the machine until they all call it");
+  Op p;
+  p.fp = fingerprint(OpKind::kAllgatherShared, t, ReduceOp::kSum, Algo::kDirect, -1, count * size_);
+  p.timeout_s = o.timeout_s;
+  void* dst = out.data();
+  const uint64_t id = out.id();
+  return launch(std::move(p), blocking,
+                [=, this](Exec& x) { algo::allgather_shared(x, in, dst, equal_blocks(each), id); });
+}
+
 WorkPtr Communicator::send_impl(bool blocking, const void* buf, size_t count, DType t, int peer,
                                 OpOptions o) {
   validate_peer(peer, "send");
@@ -1035,6 +1131,14 @@ WorkPtr Communicator::alltoall_async(const void* in, void* out, size_t count, DT
 }
 void Communicator::alltoall(const void* in, void* out, size_t count, DType t, OpOptions o) {
   alltoall_impl(true, in, out, count, t, o);
+}
+WorkPtr Communicator::allgather_shared_async(const void* in, MachineBuffer& out, size_t count,
+                                             DType t, OpOptions o) {
+  return allgather_shared_impl(false, in, out, count, t, o);
+}
+void Communicator::allgather_shared(const void* in, MachineBuffer& out, size_t count, DType t,
+                                    OpOptions o) {
+  allgather_shared_impl(true, in, out, count, t, o);
 }
 WorkPtr Communicator::barrier_async(OpOptions o) {
   return barrier_impl(false, o);

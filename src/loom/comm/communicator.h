@@ -93,6 +93,39 @@ class SharedBuffer {
   size_t bytes_ = 0;
 };
 
+// One buffer per machine, mapped by every rank of the communicator on that machine (the
+// same pages): allgather_shared's output (Communicator::alloc_machine_buffer). The
+// machine's first rank owns the memory, the others map it; each rank's pages stay valid
+// until its own MachineBuffer is destroyed, whatever the others do. Move-only.
+class MachineBuffer {
+ public:
+  MachineBuffer() = default;
+  MachineBuffer(MachineBuffer&& o) noexcept { *this = std::move(o); }
+  MachineBuffer& operator=(MachineBuffer&& o) noexcept;
+  ~MachineBuffer();
+
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  // The same on every rank of the machine for one buffer, different between buffers.
+  uint64_t id() const { return id_; }
+  // Ranks of this communicator that share it (this machine's), and each one's share of
+  // its bytes (what a rank accounts for).
+  int sharers() const { return sharers_; }
+
+ private:
+  friend class Communicator;
+  SharedBuffer own_;      // the machine's first rank: the memory itself
+  void* data_ = nullptr;  // own_.data(), or our mapping of the first rank's buffer
+  size_t bytes_ = 0;
+  uint64_t id_ = 0;
+  int sharers_ = 1;
+  bool mapped_ = false;  // data_ is a mapping to drop
+};
+
 // StateVectors in shared buffers (a StateMemory::SourceScope with this source): what
 // DataParallel uses for its parameters and gradients when comm.shared_buffers is on.
 StateSource* shared_state_source();
@@ -120,6 +153,22 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // LOOM_SHM_SHARED_MIN_ALLREDUCE) to a rank on this machine is read in place by that rank
   // instead of going through the ring. Local (not collective), usable with any communicator.
   static SharedBuffer alloc_shared(size_t bytes) { return SharedBuffer(bytes); }
+  // Collective: one buffer of `bytes` per machine that every rank of this communicator on
+  // the machine maps (its first rank allocates, the others map it through the
+  // communicator's pairs). Fails on every rank of the machine when one cannot map it.
+  MachineBuffer alloc_machine_buffer(size_t bytes);
+  // Collective: the allgather of `count` elements per rank into `out`, one buffer per
+  // machine (from alloc_machine_buffer with at least size() * count elements): block r of
+  // it = rank r's `in`. Each rank writes only its own block, each machine's first rank
+  // receives the other machines' blocks, and every rank of the machine reads the result in
+  // the same pages: one gathered copy per machine and 1/ranks-per-machine of the copying
+  // per rank. It starts once every rank of the machine has called it, so a rank may read
+  // `out` until it calls the next allgather_shared into it (and so `in` may not lie in
+  // `out`). Every rank of a machine must name the same buffer (a named error otherwise).
+  WorkPtr allgather_shared_async(const void* in, MachineBuffer& out, size_t count, DType t,
+                                 OpOptions o = {});
+  void allgather_shared(const void* in, MachineBuffer& out, size_t count, DType t,
+                        OpOptions o = {});
 
   // Keeps an object (e.g. the store server) alive as long as this communicator.
   void hold(std::shared_ptr<void> keepalive) { keepalive_.push_back(std::move(keepalive)); }
@@ -207,6 +256,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   WorkPtr alltoall_impl(bool blocking, const void* in, void* out, size_t count, DType t,
                         OpOptions o);
   WorkPtr barrier_impl(bool blocking, OpOptions o);
+  WorkPtr allgather_shared_impl(bool blocking, const void* in, MachineBuffer& out, size_t count,
+                                DType t, OpOptions o);
   WorkPtr send_impl(bool blocking, const void* buf, size_t count, DType t, int peer, OpOptions o);
   WorkPtr recv_impl(bool blocking, void* buf, size_t count, DType t, int peer, OpOptions o,
                     int* source = nullptr);

@@ -154,6 +154,8 @@ std::vector<Algo> valid_algos(OpKind op, const Topology& topo) {
     case OpKind::kAlltoall:
     case OpKind::kSendRecv:
     case OpKind::kSplit:
+    case OpKind::kAllgatherShared:
+    case OpKind::kMachineBuffer:
       return {Algo::kDirect};
     case OpKind::kBarrier:
       return {Algo::kRd};

@@ -26,6 +26,10 @@ const char* op_name(OpKind op) {
       return "send/recv";
     case OpKind::kSplit:
       return "split";
+    case OpKind::kAllgatherShared:
+      return "allgather_shared";
+    case OpKind::kMachineBuffer:
+      return "machine_buffer";
     case OpKind::kCount:
       break;
   }
@@ -85,6 +89,7 @@ std::optional<ReduceOp> parse_reduce_op(std::string_view s) {
 std::optional<OpKind> parse_op(std::string_view s) {
   for (int i = 0; i < static_cast<int>(OpKind::kSendRecv); ++i)
     if (s == op_name(static_cast<OpKind>(i))) return static_cast<OpKind>(i);
+  if (s == op_name(OpKind::kAllgatherShared)) return OpKind::kAllgatherShared;
   return std::nullopt;
 }
 

@@ -20,8 +20,10 @@ enum class OpKind : uint8_t {
   kScatter,
   kAlltoall,
   kBarrier,
-  kSendRecv,  // point-to-point
-  kSplit,     // internal: the exchange inside split()
+  kSendRecv,         // point-to-point
+  kSplit,            // internal: the exchange inside split()
+  kAllgatherShared,  // allgather into one buffer per machine
+  kMachineBuffer,    // internal: alloc_machine_buffer's exchange
   kCount
 };
 

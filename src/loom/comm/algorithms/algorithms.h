@@ -35,6 +35,9 @@ void allgather_ring(Exec& x, const void* in, void* out, const Blocks& b);
 void allgather_direct(Exec& x, const void* in, void* out, const Blocks& b);
 void allgather_rd(Exec& x, const void* in, void* out, const Blocks& b);
 void allgather_hier(Exec& x, const void* in, void* out, const Blocks& b);
+// Into one buffer per machine that its ranks all map (Communicator::allgather_shared); `id`
+// names the buffer, the same on every rank of a machine.
+void allgather_shared(Exec& x, const void* in, void* out, const Blocks& b, uint64_t id);
 
 // reduce_scatter: out (count elements) = block `rank` of the reduction of every in
 // (size * count elements). In-place when out == in + rank * count.

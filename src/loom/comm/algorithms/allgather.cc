@@ -14,12 +14,20 @@
 //         gather, chunk t-1's exchange between leaders and chunk t-2's hand-out run at once,
 //         so the link does not wait for the local steps. Wire between hosts: (h-1)/h N per
 //         leader.
+// shared  (allgather_shared) The output is one buffer per machine that all its ranks map.
+//         A barrier among the machine's ranks (each is done reading the last result), then
+//         each rank copies its own block into place and sends it to every other machine's
+//         first rank, which receives those machines' blocks into place; a second local
+//         barrier publishes the result. Per rank: a copy of its own block (N/n), not of the
+//         n-1 others; wire between hosts: N/n per rank per other host.
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "loom/comm/algorithms/algorithms.h"
 #include "loom/comm/algorithms/util.h"
 #include "loom/comm/reduce.h"
+#include "loom/core/error.h"
 
 namespace loom::comm::algo {
 namespace {
@@ -137,6 +145,50 @@ void allgather_hier(Exec& x, const void* in, void* out, const Blocks& b) {
     }
     x.wait_all();
   }
+}
+
+namespace {
+
+// A dissemination barrier among `local` (this host's ranks, ascending); every message
+// carries `id`, and a rank that receives another id fails: the ranks named different
+// machine buffers.
+void local_barrier(Exec& x, const std::vector<int>& local, uint64_t id) {
+  const int n = static_cast<int>(local.size());
+  const int i = static_cast<int>(std::find(local.begin(), local.end(), x.rank()) - local.begin());
+  for (int dist = 1; dist < n; dist <<= 1) {
+    uint64_t got = id;
+    const int from = local[mod(i - dist, n)];
+    x.send(local[(i + dist) % n], &id, sizeof id);
+    x.recv(from, &got, sizeof got);
+    x.wait_all();
+    if (got != id)
+      throw Error("allgather_shared: ranks " + std::to_string(x.rank()) + " and " +
+                  std::to_string(from) +
+                  " of one machine named different machine buffers; every rank of a machine "
+                  "must gather into the same buffer (the n-th alloc_machine_buffer of each)");
+  }
+}
+
+}  // namespace
+
+void allgather_shared(Exec& x, const void* in, void* out, const Blocks& b, uint64_t id) {
+  const Topology& t = x.topo();
+  const int r = x.rank();
+  const int my_host = t.host_of[r];
+  const std::vector<int>& local = t.hosts[my_host];
+  local_barrier(x, local, id);  // nobody reads the last result any more
+  x.copy_in_background(at(out, b.off[r]), in, b.len[r]);
+  for (int i = 1; i < t.nhosts(); ++i) {  // staggered: host h+1, h+2, ...
+    const int h = (my_host + i) % t.nhosts();
+    if (b.len[r] > 0) x.send(t.leader_of_host(h), in, b.len[r]);
+  }
+  if (r == local.front())
+    for (int h = 0; h < t.nhosts(); ++h)
+      if (h != my_host)
+        for (int q : t.hosts[h])
+          if (b.len[q] > 0) x.recv(q, at(out, b.off[q]), b.len[q]);
+  x.wait_all();
+  local_barrier(x, local, id);  // every block of the machine's buffer is in place
 }
 
 }  // namespace loom::comm::algo

@@ -112,6 +112,58 @@ size_t shared_bytes_held() {
   return g_held;
 }
 
+namespace {
+
+// Opens and maps process `pid`'s buffer `ref` whole (header page and data), populated at
+// once: a first touch per page later would trap (more so under a hypervisor that shadows
+// page tables) in the middle of a transfer. Checks the header against `ref`.
+void* map_whole(int pid, const SharedRef& ref, int prot, size_t* size, std::string* why) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(ref.fd);
+  int fd = ::open(path.c_str(), ((prot & PROT_WRITE) ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) {
+    *why = "cannot open " + path + ": " + errno_text(errno);
+    return nullptr;
+  }
+  struct stat st {};
+  ::fstat(fd, &st);
+  *size = static_cast<size_t>(st.st_size);
+  void* base = *size >= kHeader ? ::mmap(nullptr, *size, prot, MAP_SHARED | MAP_POPULATE, fd, 0)
+                                : MAP_FAILED;
+  const int err = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    *why = "cannot map " + path + ": " + (*size < kHeader ? "too small" : errno_text(err));
+    return nullptr;
+  }
+  auto* h = static_cast<Header*>(base);
+  if (std::atomic_ref<uint64_t>(h->magic).load(std::memory_order_acquire) != kMagic ||
+      h->id != ref.id || kHeader + h->bytes != *size) {
+    ::munmap(base, *size);
+    *why = path + " is not the shared buffer the message names";
+    return nullptr;
+  }
+  return base;
+}
+
+}  // namespace
+
+void* map_peer_buffer(int pid, const SharedRef& ref, size_t bytes, std::string* why) {
+  size_t size = 0;
+  void* base = map_whole(pid, ref, PROT_READ | PROT_WRITE, &size, why);
+  if (!base) return nullptr;
+  if (size != kHeader + bytes) {
+    ::munmap(base, size);
+    *why = "the shared buffer is " + std::to_string(size - kHeader) + " bytes, not " +
+           std::to_string(bytes);
+    return nullptr;
+  }
+  return static_cast<std::byte*>(base) + kHeader;
+}
+
+void unmap_peer_buffer(void* data, size_t bytes) {
+  if (data) ::munmap(static_cast<std::byte*>(data) - kHeader, kHeader + bytes);
+}
+
 PeerMappings::~PeerMappings() {
   for (auto& [id, m] : maps_) ::munmap(m.base, m.size);
 }
@@ -140,33 +192,10 @@ const std::byte* PeerMappings::translate(int pid, const SharedRef& ref, uint64_t
   }
   if (it == maps_.end()) {
     drop_released();
-    const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(ref.fd);
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      *why = "cannot open " + path + ": " + errno_text(errno);
-      return nullptr;
-    }
-    struct stat st {};
-    ::fstat(fd, &st);
-    const size_t size = static_cast<size_t>(st.st_size);
-    // Populated at once: a first touch per page later would trap (more so under a hypervisor
-    // that shadows page tables) in the middle of a transfer.
-    void* base = size >= kHeader
-                     ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0)
-                     : MAP_FAILED;
-    const int err = errno;
-    ::close(fd);
-    if (base == MAP_FAILED) {
-      *why = "cannot map " + path + ": " + (size < kHeader ? "too small" : errno_text(err));
-      return nullptr;
-    }
-    auto* h = static_cast<Header*>(base);  // read only: mapped PROT_READ
-    if (std::atomic_ref<uint64_t>(h->magic).load(std::memory_order_acquire) != kMagic ||
-        h->id != ref.id || kHeader + h->bytes != size) {
-      ::munmap(base, size);
-      *why = path + " is not the shared buffer the message names";
-      return nullptr;
-    }
+    size_t size = 0;
+    void* base = map_whole(pid, ref, PROT_READ, &size, why);  // read only
+    if (!base) return nullptr;
+    auto* h = static_cast<const Header*>(base);
     it = maps_.emplace(ref.id, Map{base, size, h->data, h->bytes}).first;
   }
   const Map& m = it->second;

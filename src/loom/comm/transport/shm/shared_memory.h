@@ -31,6 +31,13 @@ bool shared_find(const void* p, size_t bytes, SharedRef* ref);
 // Bytes of shared buffers this process holds (tests).
 size_t shared_bytes_held();
 
+// Process `pid`'s buffer `ref` (`bytes` long) mapped here readable and writable, for the
+// other ranks of a machine buffer (Communicator::alloc_machine_buffer); its data's address,
+// or nullptr with the reason in *why. The mapping keeps the memory alive after its owner
+// frees it or exits; unmap_peer_buffer() drops it.
+void* map_peer_buffer(int pid, const SharedRef& ref, size_t bytes, std::string* why);
+void unmap_peer_buffer(void* data, size_t bytes);
+
 // The buffers of one peer process mapped here (one per pair; not thread-safe).
 class PeerMappings {
  public:
