@@ -66,14 +66,19 @@ struct BenchArgs {
 };
 
 // A benchmark buffer: heap memory, or (--shared) a buffer the other local ranks have mapped.
+// allgather_shared's output is a machine buffer (every local rank maps the same one).
 struct Buf {
   std::vector<std::byte> heap;
   comm::SharedBuffer shared;
+  comm::MachineBuffer machine;
   std::byte* p = nullptr;
   size_t n = 0;
-  static Buf make(Communicator& comm, size_t bytes, bool shared) {
+  static Buf make(Communicator& comm, size_t bytes, bool shared, bool machine = false) {
     Buf b;
-    if (shared) {
+    if (machine) {
+      b.machine = comm.alloc_machine_buffer(bytes);
+      b.p = b.machine.as<std::byte>();
+    } else if (shared) {
       b.shared = comm.alloc_shared(bytes);
       b.p = b.shared.as<std::byte>();
     } else {
@@ -125,6 +130,11 @@ struct Case {
         c.bus_factor = double(n - 1) / n, c.size_bytes = c.count * n * c.es;
         c.write_factor = double(n - 1) / n;  // the peers' blocks
         break;
+      case OpKind::kAllgatherShared:  // busbw as allgather's, to compare with it
+        c.count = elems / n, c.in_elems = c.count, c.out_elems = c.count * n;
+        c.bus_factor = double(n - 1) / n, c.size_bytes = c.count * n * c.es;
+        c.write_factor = 1.0 / n;  // its own block: the machine's ranks share the rest
+        break;
       case OpKind::kReduceScatter:
         c.count = elems / n, c.in_elems = c.count * n, c.out_elems = c.count;
         c.bus_factor = double(n - 1) / n, c.size_bytes = c.count * n * c.es;
@@ -142,7 +152,9 @@ struct Case {
     return c;
   }
 
-  // Pointers for one call, in place or not.
+  comm::MachineBuffer* machine = nullptr;  // allgather_shared's output
+
+  // Pointers for one call, in place or not (allgather_shared: never in place).
   void run(Communicator& comm, std::byte* in, std::byte* out, bool in_place, Algo requested) {
     comm::OpOptions o{requested};
     switch (op) {
@@ -165,6 +177,9 @@ struct Case {
       case OpKind::kAlltoall:
         comm.alltoall(in, in_place ? in : out, count, t, o);
         break;
+      case OpKind::kAllgatherShared:
+        comm.allgather_shared(in, *machine, count, t, o);
+        break;
       default:
         break;
     }
@@ -172,7 +187,14 @@ struct Case {
 
   // Fills inputs with closed-form values, runs once, returns the number of wrong elements.
   int64_t check(Communicator& comm, Buf& in, Buf& out, bool in_place, Algo requested) {
-    std::fill(out.begin(), out.end(), std::byte{0xEE});
+    if (op == OpKind::kAllgatherShared) {  // each rank clears its own block, after the reads
+      comm.barrier();
+      std::fill(out.data() + rank * count * es, out.data() + (rank + 1) * count * es,
+                std::byte{0xEE});
+      comm.barrier();
+    } else {
+      std::fill(out.begin(), out.end(), std::byte{0xEE});
+    }
     std::byte* src = in.data();
     if (op == OpKind::kAllgather && in_place) src = out.data() + rank * count * es;
     size_t fill_elems = op == OpKind::kAllgather ? count : in_elems;
@@ -206,6 +228,7 @@ struct Case {
         }
         break;
       case OpKind::kAllgather:
+      case OpKind::kAllgatherShared:
         for (int q = 0; q < n; ++q)
           for (size_t i = 0; i < count; ++i) expect(out.data(), q * count + i, value(q, i));
         break;
@@ -223,6 +246,7 @@ struct Case {
       default:
         break;
     }
+    if (op == OpKind::kAllgatherShared) comm.barrier();  // all read before the next clears
     return wrong;
   }
 };
@@ -352,12 +376,14 @@ int run_rank(const BenchArgs& a) {
       }
       c->algo = comm->chosen_algo(op, c->size_bytes, *requested);
       Buf in = Buf::make(*comm, c->in_elems * c->es + 64, a.shared);
-      Buf out = Buf::make(*comm, c->out_elems * c->es + 64, a.shared);
+      const bool machine = op == OpKind::kAllgatherShared;
+      Buf out = Buf::make(*comm, c->out_elems * c->es + 64, a.shared, machine);
+      if (machine) c->machine = &out.machine;
       for (size_t i = 0; i < c->in_elems; ++i) store_element(*t, in.data(), i, value(rank, i));
       // The copy limit: the bytes this rank must write, at the memcpy bandwidth.
       const double limit_us = c->size_bytes * c->write_factor / (mcpy * 1e3);
       Row rows[2];
-      for (int ip = 0; ip < 2; ++ip) {
+      for (int ip = 0; ip < (machine ? 1 : 2); ++ip) {
         bool in_place = ip == 1;
         const double time_us =
             time_case(*comm, *c, in, out, in_place, *requested, a.warmup, a.iters);
@@ -394,13 +420,15 @@ int run_rank(const BenchArgs& a) {
         auto wrong_text = [&](int64_t w) {
           return do_check ? std::to_string(w) : std::string("N/A");
         };
-        std::printf(
-            "  %12zu %12zu %5s %7s %10.2f | %10.2f %9.2f %9.2f %4.0f%% %7s | %10.2f %9.2f %9.2f "
-            "%4.0f%% %7s\n",
-            c->size_bytes, c->count, dtype_name(*t), comm::algo_name(c->algo), limit_us,
-            rows[0].time_us, rows[0].algbw, rows[0].busbw, 100 * rows[0].of_limit,
-            wrong_text(rows[0].wrong).c_str(), rows[1].time_us, rows[1].algbw, rows[1].busbw,
-            100 * rows[1].of_limit, wrong_text(rows[1].wrong).c_str());
+        std::printf("  %12zu %12zu %5s %7s %10.2f | %10.2f %9.2f %9.2f %4.0f%% %7s | ",
+                    c->size_bytes, c->count, dtype_name(*t), comm::algo_name(c->algo), limit_us,
+                    rows[0].time_us, rows[0].algbw, rows[0].busbw, 100 * rows[0].of_limit,
+                    wrong_text(rows[0].wrong).c_str());
+        if (machine)  // never in place
+          std::printf("%10s %9s %9s %5s %7s\n", "-", "-", "-", "-", "-");
+        else
+          std::printf("%10.2f %9.2f %9.2f %4.0f%% %7s\n", rows[1].time_us, rows[1].algbw,
+                      rows[1].busbw, 100 * rows[1].of_limit, wrong_text(rows[1].wrong).c_str());
         std::fflush(stdout);
       }
       if (a.factor <= 1) break;
@@ -449,7 +477,8 @@ int run_launcher(const BenchArgs& a) {
 void validate(const BenchArgs& a) {
   if (a.op != "all" && !comm::parse_op(a.op))
     throw UserError("--op '" + a.op + "' is not a collective",
-                    "use allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall or all");
+                    "use allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, "
+                    "allgather_shared or all");
   if (!parse_dtype(a.dtype))
     throw UserError("--dtype '" + a.dtype + "' is not a type",
                     "use f32, bf16, f16, f64, i32, i64 or u8");
