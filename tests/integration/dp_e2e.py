@@ -104,6 +104,19 @@ def equivalence():
     compare("n=2 zero=3 zero.shared_buffers=off", losses(d), base)
     if any(sum(m["comm_in_place_mb"]) for m in metrics(d)):
         fail("zero.shared_buffers=off still read messages in place")
+    # The shared gather (zero.shared_gather = auto, the ZeRO-3 runs above): units gathered
+    # into one buffer per machine that its ranks all read, each rank accounting for its
+    # share; off, a copy per rank: the same losses and more model state per rank.
+    d = os.path.join(WORK, "eq_gather_per_rank")
+    train(d, 2, "--set", "train.zero=3", "--set", "zero.shared_gather=off")
+    compare("n=2 zero=3 zero.shared_gather=off", losses(d), base)
+    per_rank = metrics(d)[-1]["state_peak_mb"]
+    shared = metrics(os.path.join(WORK, "eq_2_z3_none"))[-1]["state_peak_mb"]
+    if not max(shared) < min(per_rank):
+        fail("n=2 zero=3: model state with the shared gather %s MiB, not below a gathered "
+             "copy per rank %s MiB" % (shared, per_rank))
+    print("ok  n=2 zero=3 model state per rank: shared gather %s MiB, per rank %s MiB" %
+          (shared, per_rank))
     # Gradient reductions in bf16 (sums of the reduced values stay fp32): close, not equal.
     for zero in (3,) if SANITIZED else (0, 3):
         d = os.path.join(WORK, "eq_bf16_z%d" % zero)

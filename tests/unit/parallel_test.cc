@@ -338,6 +338,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelStep,
 
 struct DpCase {
   int n, zero;
+  bool shared_gather = true;  // zero.shared_gather (stage 3; thread ranks share a machine)
 };
 
 class DataParallelSteps : public ::testing::TestWithParam<DpCase> {};
@@ -348,8 +349,9 @@ class DataParallelSteps : public ::testing::TestWithParam<DpCase> {};
 // 1e-5, and each rank's model-state high-water mark (its own StateMemory account) is
 // ZeRO's formula plus at most the unit-sized buffers the stage keeps in flight
 // (docs/algorithms.md): stage 2, the gradient being computed and <= 2 in reduction; stage 3
-// also the gathered parameters of the unit in use and of the next. Every unit size keeps its
-// own pool of such buffers, so the embedding's (its own size) add to the blocks'.
+// also the gathered parameters of the unit in use and of the next (with the shared gather,
+// 1/S of them: the machine holds one copy, which the peak would exceed otherwise). Every
+// unit size keeps its own pool of such buffers, so the embedding's add to the blocks'.
 TEST_P(DataParallelSteps, LossesOfOneProcessAndZerosMemory) {
   const DpCase k = GetParam();
   const model::GptConfig cfg = small_gpt(16, 64);
@@ -363,6 +365,7 @@ TEST_P(DataParallelSteps, LossesOfOneProcessAndZerosMemory) {
     model::Gpt m(cfg, /*own_storage=*/false);
     parallel::DpOptions o;
     o.zero = zero;
+    o.shared_gather = k.shared_gather;
     parallel::DataParallel engine(m, parallel::DpGroups{dp, nullptr, nullptr, nullptr}, o);
     engine.init_weights(7);
     std::vector<float> losses;
@@ -406,7 +409,11 @@ TEST_P(DataParallelSteps, LossesOfOneProcessAndZerosMemory) {
   double expected = 16 * psi, allowance = pad;
   if (k.zero == 1) expected = 8 * psi + 8 * psi / S;
   if (k.zero == 2) expected = 4 * psi + 12 * psi / S, allowance += 3 * block + 3 * ends;
-  if (k.zero == 3) expected = 16 * psi / S, allowance += (2 + 3) * block + 2 * ends;
+  // Stage 3: the gradients as stage 2's (3 blocks and one end), and the gathered parameters
+  // of the unit in use and the next (2 blocks and one end) - with the shared gather one
+  // buffer per machine, of which each rank accounts for 1/S.
+  const double gathered = (2 * block + ends) / (k.shared_gather ? S : 1);
+  if (k.zero == 3) expected = 16 * psi / S, allowance += 3 * block + ends + gathered;
   for (int r = 0; r < k.n; ++r) {
     const double peak = static_cast<double>(accounts[r].peak_bytes());
     EXPECT_GE(peak, 0.999 * expected) << "rank " << r;
@@ -419,10 +426,12 @@ TEST_P(DataParallelSteps, LossesOfOneProcessAndZerosMemory) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, DataParallelSteps,
                          ::testing::Values(DpCase{2, 0}, DpCase{2, 1}, DpCase{2, 2}, DpCase{2, 3},
-                                           DpCase{4, 2}, DpCase{4, 3}),
+                                           DpCase{4, 2}, DpCase{4, 3}, DpCase{2, 3, false},
+                                           DpCase{4, 3, false}),
                          [](const auto& info) {
                            return "n" + std::to_string(info.param.n) + "_zero" +
-                                  std::to_string(info.param.zero);
+                                  std::to_string(info.param.zero) +
+                                  (info.param.shared_gather ? "" : "_gather_per_rank");
                          });
 
 }  // namespace

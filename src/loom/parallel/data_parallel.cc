@@ -75,6 +75,9 @@ DataParallel::DataParallel(model::Gpt& model, DpGroups groups, DpOptions o)
   unit_grads_.resize(nu);
   gathered_.resize(nu);
   gathering_.resize(nu);
+  machine_gathered_.resize(nu);
+  shared_gather_ =
+      opt_.zero == 3 && opt_.shared_gather && S_ > 1 && shard_group_->topology().max_local() > 1;
   if (opt_.shared_buffers && dp_ && !dp_->topology().force_tcp && dp_->topology().max_local() > 1)
     source_ = comm::shared_state_source();
   {
@@ -130,6 +133,11 @@ DataParallel::~DataParallel() {
   };
   for (auto& p : pending_) quietly_wait(p.work);
   for (auto& w : gathering_) quietly_wait(w);
+  auto uncount = [](const comm::MachineBuffer& b) {
+    if (b.size()) StateMemory::mine().sub(b.size() / b.sharers());
+  };
+  for (auto& b : machine_gathered_) uncount(b);
+  for (auto& [n, b] : machine_pool_) uncount(b);
 }
 
 void DataParallel::wait(const comm::WorkPtr& w) {
@@ -493,16 +501,39 @@ int DataParallel::next_use(int u) {
 }
 
 void DataParallel::gather(int u) {
-  if (!gathered_[u].empty()) return;
   const Unit& x = units_[u];
+  if (shared_gather_) {
+    if (machine_gathered_[u].size() > 0 || x.shard == 0) return;
+    const size_t bytes = x.shard * S_ * sizeof(float);
+    auto it = machine_pool_.find(bytes);
+    if (it != machine_pool_.end()) {
+      machine_gathered_[u] = std::move(it->second);
+      machine_pool_.erase(it);
+    } else {  // collective over the shard group: every rank's pool is empty here too
+      machine_gathered_[u] = shard_group_->alloc_machine_buffer(bytes);
+      StateMemory::mine().add(bytes / machine_gathered_[u].sharers());
+    }
+    gathering_[u] = shard_group_->allgather_shared_async(own_param(u), machine_gathered_[u],
+                                                         x.shard, DType::kF32);
+    return;
+  }
+  if (!gathered_[u].empty()) return;
   gathered_[u] = take(x.shard * S_);
   gathering_[u] =
       shard_group_->allgather_async(own_param(u), gathered_[u].data(), x.shard, DType::kF32);
 }
 
+float* DataParallel::gathered(int u) {
+  return shared_gather_ ? machine_gathered_[u].as<float>() : gathered_[u].data();
+}
+
 void DataParallel::release_gathered(int u) {
   if (gathering_[u]) wait(gathering_[u]), gathering_[u] = nullptr;
   if (!gathered_[u].empty()) give(gathered_[u]);
+  if (machine_gathered_[u].size() > 0) {
+    const size_t bytes = machine_gathered_[u].size();
+    machine_pool_.emplace(bytes, std::move(machine_gathered_[u]));
+  }
 }
 
 void DataParallel::before_use(int u) {
@@ -522,7 +553,7 @@ void DataParallel::before_use(int u) {
   }
   gather(u);
   if (gathering_[u]) wait(gathering_[u]), gathering_[u] = nullptr;
-  model_.bind_unit(u, gathered_[u].data(), g);
+  model_.bind_unit(u, gathered(u), g);
   if (opt_.pipeline) return;  // released after this use (no recorded order to prefetch in)
   const int next = next_use(u);
   for (int v = 0; v < static_cast<int>(units_.size()); ++v)

@@ -58,6 +58,10 @@ struct DpOptions {
   // between them are read in place instead of copied through the rings. Used only where
   // data-parallel ranks share a machine.
   bool shared_buffers = true;
+  // zero.shared_gather: ZeRO-3 gathers each unit into one buffer per machine
+  // (Communicator::allgather_shared) that the machine's ranks all read, instead of a copy
+  // per rank. Used only where ranks of the shard group share a machine.
+  bool shared_gather = true;
   // Pipeline parallelism: the units this rank's stage holds (empty: all); unit 0 held only
   // as the tied head's copy of the embedding (the last stage), whose gradient is summed
   // with the first stage's over the embedding group and which the first stage writes.
@@ -158,6 +162,7 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   StateVector take(size_t n);
   void give(StateVector& v);
   void gather(int u);  // stage 3: start gathering unit u
+  float* gathered(int u);
   void release_gathered(int u);
   int next_use(int u);
   template <typename Fn>
@@ -173,6 +178,13 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   std::vector<StateVector> unit_grads_;   // stage 2-3: a unit's full gradient during backward
   std::vector<StateVector> gathered_;     // stage 3: a unit's gathered parameters
   std::vector<comm::WorkPtr> gathering_;  // stage 3: gathers in flight
+  // stage 3 with the shared gather: the machine buffer each unit is gathered into, and the
+  // free ones by size. Every rank of a machine takes and gives them in the same order (the
+  // units' use order), so the n-th buffer is the same one on all of them (allgather_shared
+  // checks it). Each rank accounts for its share of a buffer's bytes.
+  bool shared_gather_ = false;
+  std::vector<comm::MachineBuffer> machine_gathered_;
+  std::multimap<size_t, comm::MachineBuffer> machine_pool_;
   std::vector<std::unique_ptr<optim::AdamW>> adam_;
   std::multimap<size_t, StateVector> pool_;
   StateSource* source_ = nullptr;  // where params_, grads_ and pooled buffers live

@@ -113,6 +113,10 @@ std::vector<Field> fields_of(TrainConfig& c) {
        [&] {
          return one_of(c.shared_buffers, {"auto", "off"});
        }},
+      {"zero.shared_gather", &c.shared_gather,
+       [&] {
+         return one_of(c.shared_gather, {"auto", "off"});
+       }},
       {"optim.lr", &c.lr, [&] { return in_range(c.lr, 0, 10); }},
       {"optim.min_lr_ratio", &c.min_lr_ratio, [&] { return in_range(c.min_lr_ratio, 0, 1); }},
       {"optim.warmup_steps", &c.warmup_steps, [&] { return at_least(c.warmup_steps, 0); }},

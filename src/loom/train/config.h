@@ -55,6 +55,7 @@ struct TrainConfig {
   std::string shard_group = "world";    // world | node (shard inside a machine, replicate across)
   std::string comm_dtype = "fp32";      // fp32 | bf16: dtype of gradient reductions
   std::string shared_buffers = "auto";  // auto | off: model state in memory local ranks map
+  std::string shared_gather = "auto";   // auto | off: ZeRO-3 gathers one copy per machine
   std::string zero_offload = "none";    // none | disk: Adam's moments in a file, streamed
   std::string zero_offload_dir;         // that file's folder; "": run.dir/offload
   // [optim]

@@ -643,6 +643,7 @@ int Trainer::run() {
   dpo.shard_within_node = cfg_.shard_group == "node";
   dpo.comm_bf16 = cfg_.comm_dtype == "bf16";
   dpo.shared_buffers = cfg_.shared_buffers == "auto";
+  dpo.shared_gather = cfg_.shared_gather == "auto";
   dpo.moments = moments_;
   if (mesh_->pp() > 1) {
     pipeline_ = std::make_unique<parallel::PipelineStage>(
