@@ -21,9 +21,11 @@ int main(int argc, char** argv) {
   size_t hi = argc > 2 ? strtoull(argv[2], 0, 10) : (64 << 20);
   size_t factor = argc > 3 ? strtoull(argv[3], 0, 10) : 4;
   int iters = argc > 4 ? atoi(argv[4]) : 20;
+  const char* only = argc > 5 ? argv[5] : NULL; /* one op, e.g. allgather; all three when absent */
   const char* ops[] = {"allreduce", "allgather", "reduce_scatter"};
   double* times = malloc(sizeof(double) * iters);
   for (int o = 0; o < 3; ++o) {
+    if (only && strcmp(only, ops[o]) != 0) continue;
     for (size_t bytes = lo; bytes <= hi; bytes *= factor) {
       size_t count = bytes / 4, per = count / n;
       if (o > 0 && per == 0) continue;

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The machine-shared allgather (issue 12 item 2): `loom bench --op allgather_shared` (one
+# output buffer per machine, each rank copies only its own block) beside loom's allgather
+# with heap buffers (the rings), with shared buffers (`--shared`: read in place) and
+# OpenMPI 4.1's MPI_Allgather, in one run.
+#
+#   bash bench/shared_gather.sh [OUT_DIR]        (needs scripts/setup.sh and a build/)
+#
+# ROUNDS interleaved rounds for 2 and 4 ranks, MIN..MAX (x4), f32, out of place. busbw is
+# allgather's in every row (algbw x (n-1)/n), so the rows compare as times do. The machine
+# probe (memcpy GB/s, core-to-core flag latency) runs before and after each block.
+# MODES (default "ring shared machine") picks loom's rows; OpenMPI runs in every round.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-bench/out/shared-gather-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$out" build/peers
+mpicc -O2 -o build/peers/mpi_bench bench/peers/mpi_bench.c
+loom=build/apps/loom/loom
+MIN=${MIN:-65536} MAX=${MAX:-268435456} ITERS=${ITERS:-20} ROUNDS=${ROUNDS:-3}
+MODES=${MODES:-ring shared machine}
+: > "$out/results.jsonl"
+: > "$out/probe.jsonl"
+probe() { $loom bench --probe | sed "s/^{/{\"when\":\"$1\",\"nranks\":$2,/" >> "$out/probe.jsonl"; }
+for ((round = 1; round <= ROUNDS; round++)); do
+  for n in 2 4; do
+    probe "before-r$round" "$n"
+    for mode in $MODES; do
+      op=allgather flag=""
+      [[ $mode == shared ]] && flag=--shared
+      [[ $mode == machine ]] && op=allgather_shared
+      $loom bench --np "$n" --op "$op" --min "$MIN" --max "$MAX" --factor 4 --iters "$ITERS" \
+        $flag --json - | grep '"inplace":false' |
+        sed "s/^{/{\"peer\":\"loom-$mode\",\"round\":$round,/" >> "$out/results.jsonl"
+    done
+    mpirun --allow-run-as-root --oversubscribe -np "$n" build/peers/mpi_bench "$MIN" "$MAX" 4 \
+      "$ITERS" allgather | sed "s/^{/{\"round\":$round,/" >> "$out/results.jsonl"
+    probe "after-r$round" "$n"
+  done
+done
+/usr/bin/python3 bench/shared_gather_table.py "$out"
