@@ -2,27 +2,16 @@
 """Tables of bench/shared_gather.sh: allgather busbw (GB/s) of OpenMPI, loom through the
 rings, loom from shared buffers and loom's allgather_shared, medians over rounds, with
 allgather_shared's share of its copy limit and its ratio to OpenMPI."""
-import json
+import os
 import statistics
 import sys
 from collections import defaultdict
-from pathlib import Path
 
-out = Path(sys.argv[1])
-rows = [json.loads(l) for l in (out / "results.jsonl").read_text().splitlines() if l.strip()]
-probes = [json.loads(l) for l in (out / "probe.jsonl").read_text().splitlines() if l.strip()]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_out import load, print_machine_state, size  # noqa: E402
 
-
-def size(b):
-    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= k and b % k == 0:
-            return f"{b // k} {unit}"
-    return f"{b} B"
-
-
-print("Machine state (core-to-core flag latency ns, memcpy GB/s):",
-      ", ".join(f"{p['when']}/{p['nranks']}: {p['flag_latency_ns']:.0f} ns {p['memcpy_gbps']:.1f}"
-                for p in probes))
+rows, probes = load(sys.argv[1])
+print_machine_state(probes)
 wrong = sum(r.get("wrong", 0) for r in rows if r.get("wrong", 0) > 0)
 print(f"Wrong elements in loom's checked rows: {wrong}")
 by = defaultdict(list)
