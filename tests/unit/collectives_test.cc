@@ -145,23 +145,27 @@ TEST(AllgatherShared, ClosedFormRoundAfterRound) {
 }
 
 // Misuse is named: a buffer too small or holding the input, and ranks of one machine that
-// gather into different buffers (every rank of it fails, naming both).
+// gather into different buffers: every rank fails at once, naming them (3 ranks, one of
+// which names another buffer: its two peers cannot both notice in the barrier's messages,
+// the abort reaches the other).
 TEST(AllgatherShared, MisuseIsNamed) {
-  run_ranks(2, Layout::kShm, "gather-shared-misuse", [&](Communicator& c) {
-    comm::MachineBuffer a = c.alloc_machine_buffer(2 * 100 * sizeof(float));
-    comm::MachineBuffer b = c.alloc_machine_buffer(2 * 100 * sizeof(float));
-    EXPECT_EQ(a.sharers(), 2);
+  run_ranks(3, Layout::kShm, "gather-shared-misuse", [&](Communicator& c) {
+    comm::MachineBuffer a = c.alloc_machine_buffer(3 * 100 * sizeof(float));
+    comm::MachineBuffer b = c.alloc_machine_buffer(3 * 100 * sizeof(float));
+    EXPECT_EQ(a.sharers(), 3);
     EXPECT_NE(a.id(), b.id());
     std::vector<float> in(101, 1.0f);
     EXPECT_THROW(c.allgather_shared(in.data(), a, 101, DType::kF32), UserError);
     EXPECT_THROW(c.allgather_shared(a.as<float>() + 100, a, 100, DType::kF32), UserError);
+    const auto t0 = std::chrono::steady_clock::now();
     try {
-      c.allgather_shared(in.data(), c.rank() == 0 ? a : b, 100, DType::kF32);
+      c.allgather_shared(in.data(), c.rank() == 2 ? b : a, 100, DType::kF32);
       ADD_FAILURE() << "different buffers not noticed on rank " << c.rank();
-    } catch (const Error& e) {
+    } catch (const PeerError& e) {
       EXPECT_NE(std::string(e.what()).find("different machine buffers"), std::string::npos)
           << e.what();
     }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));  // deadline 60
   });
 }
 

@@ -150,8 +150,8 @@ void allgather_hier(Exec& x, const void* in, void* out, const Blocks& b) {
 namespace {
 
 // A dissemination barrier among `local` (this host's ranks, ascending); every message
-// carries `id`, and a rank that receives another id fails: the ranks named different
-// machine buffers.
+// carries `id`, and a rank that receives another id fails (a desync: the ranks named
+// different machine buffers).
 void local_barrier(Exec& x, const std::vector<int>& local, uint64_t id) {
   const int n = static_cast<int>(local.size());
   const int i = static_cast<int>(std::find(local.begin(), local.end(), x.rank()) - local.begin());
@@ -161,11 +161,14 @@ void local_barrier(Exec& x, const std::vector<int>& local, uint64_t id) {
     x.send(local[(i + dist) % n], &id, sizeof id);
     x.recv(from, &got, sizeof got);
     x.wait_all();
-    if (got != id)
-      throw Error("allgather_shared: ranks " + std::to_string(x.rank()) + " and " +
-                  std::to_string(from) +
-                  " of one machine named different machine buffers; every rank of a machine "
-                  "must gather into the same buffer (the n-th alloc_machine_buffer of each)");
+    if (got != id)  // a desync: the communicator aborts the job, so no rank waits on
+      throw PeerError(PeerError::Kind::kDesync,  // the second barrier until its deadline
+                      "allgather_shared: ranks " + std::to_string(x.rank()) + " and " +
+                          std::to_string(from) +
+                          " of one machine named different machine buffers; every rank of a "
+                          "machine must gather into the same buffer (the n-th "
+                          "alloc_machine_buffer of each)",
+                      from);
   }
 }
 
