@@ -234,8 +234,13 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
       grads = 4 * (l.zero >= 2 && P == 1 ? shard : psi);
       opt = l.offload == "optimizer" ? 0 : 8 * (l.zero >= 1 ? shard : psi);
       if (l.zero == 2 && S > 1 && P == 1) buffers += 4 * biggest_unit;  // a unit's full gradient
-      if (l.zero == 3 && S > 1) buffers += 2 * 4 * biggest_unit;  // a gathered unit, its gradient
-    } else {                                                      // mixed precision: 2 + 2 + 12
+      if (l.zero == 3 && S > 1) {  // a unit's gradient and its gathered parameters, which the
+        // shared gather (zero.shared_gather = auto) holds once per machine: 1/k on each of the
+        // k data-parallel ranks a machine holds (tensor, then pipeline ranks fill it first)
+        const int k = std::clamp(c.per_node / std::max(1, t * P), 1, S);
+        buffers += 4 * biggest_unit + 4 * biggest_unit / k;
+      }
+    } else {  // mixed precision: 2 + 2 + 12
       params = 2 * (l.zero == 3 ? shard : psi);
       grads = 2 * (l.zero >= 2 ? shard : psi);
       opt = 12 * (l.zero >= 1 ? shard : psi);
