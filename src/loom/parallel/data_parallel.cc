@@ -23,6 +23,17 @@ void from_bf16(const uint16_t* in, float* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(in[i]);
 }
 
+// Moves a pooled buffer of size `n` into `out` (the first of that size: every rank of a
+// machine that takes and gives in the same order gets the same one); false if none.
+template <class V>
+bool take_pooled(std::multimap<size_t, V>& pool, size_t n, V& out) {
+  auto it = pool.find(n);
+  if (it == pool.end()) return false;
+  out = std::move(it->second);
+  pool.erase(it);
+  return true;
+}
+
 }  // namespace
 
 DataParallel::DataParallel(model::Gpt& model, DpGroups groups, DpOptions o)
@@ -194,14 +205,10 @@ void DataParallel::for_each_slice(int u, size_t lo, size_t hi, Fn fn) const {
 }
 
 StateVector DataParallel::take(size_t n) {
-  auto it = pool_.find(n);
-  if (it == pool_.end()) {
-    StateMemory::SourceScope from(source_);
-    return StateVector(n);
-  }
-  StateVector v = std::move(it->second);
-  pool_.erase(it);
-  return v;
+  StateVector v;
+  if (take_pooled(pool_, n, v)) return v;
+  StateMemory::SourceScope from(source_);
+  return StateVector(n);
 }
 
 void DataParallel::give(StateVector& v) {
@@ -505,11 +512,8 @@ void DataParallel::gather(int u) {
   if (shared_gather_) {
     if (machine_gathered_[u].size() > 0 || x.shard == 0) return;
     const size_t bytes = x.shard * S_ * sizeof(float);
-    auto it = machine_pool_.find(bytes);
-    if (it != machine_pool_.end()) {
-      machine_gathered_[u] = std::move(it->second);
-      machine_pool_.erase(it);
-    } else {  // collective over the shard group: every rank's pool is empty here too
+    if (!take_pooled(machine_pool_, bytes, machine_gathered_[u])) {
+      // collective over the shard group: every rank's pool is empty here too
       machine_gathered_[u] = shard_group_->alloc_machine_buffer(bytes);
       StateMemory::mine().add(bytes / machine_gathered_[u].sharers());
     }
