@@ -188,8 +188,7 @@ void Communicator::connect(Deadline deadline) {
   topo_.shm_with.resize(size_);
   for (int q = 0; q < size_; ++q)
     topo_.shm_with[q] = q != rank_ && !topo_.force_tcp && topo_.host_of[q] == topo_.host_of[rank_];
-  topo_.oversubscribed =
-      static_cast<int>(topo_.hosts[topo_.host_of[rank_]].size()) > cpus_available();
+  topo_.oversubscribed = static_cast<int>(topo_.local(rank_).size()) > cpus_available();
   wait_policy_.spin_us = topo_.oversubscribed ? 0 : kSpin.get();
   wait_policy_.futex_after_us = kFutexAfter.get();
 
@@ -357,7 +356,7 @@ MachineBuffer::~MachineBuffer() {
 }
 
 MachineBuffer Communicator::alloc_machine_buffer(size_t bytes) {
-  const std::vector<int>& local = topo_.hosts[topo_.host_of[rank_]];
+  const std::vector<int>& local = topo_.local(rank_);
   const bool first = local.front() == rank_;
   MachineBuffer m;
   m.bytes_ = bytes;
@@ -1007,7 +1006,7 @@ WorkPtr Communicator::barrier_impl(bool blocking, OpOptions o) {
 WorkPtr Communicator::allgather_shared_impl(bool blocking, const void* in, MachineBuffer& out,
                                             size_t count, DType t, OpOptions o) {
   const size_t each = count * dtype_size(t);
-  const int local = static_cast<int>(topo_.hosts[topo_.host_of[rank_]].size());
+  const int local = static_cast<int>(topo_.local(rank_).size());
   if (each * size_ > out.size() || (out.size() > 0 && !out.data()) || out.sharers() != local)
     throw UserError("allgather_shared of " + std::to_string(count) +
                         " elements per rank needs a "

@@ -23,6 +23,8 @@ struct Topology {
   // Two levels exist: several hosts, and at least one host with several ranks.
   bool hierarchical() const { return nhosts() > 1 && max_local() > 1; }
   int leader_of_host(int h) const { return hosts[h].front(); }
+  // Rank r's machine-local ranks (r's own included), ascending.
+  const std::vector<int>& local(int r) const { return hosts[host_of[r]]; }
   std::string describe() const;
 };
 

@@ -55,7 +55,7 @@ DataParallel::DataParallel(model::Gpt& model, DpGroups groups, DpOptions o)
         throw UserError("zero.shard_group = node needs the same number of ranks on every machine",
                         "start as many ranks on each machine, or use zero.shard_group = world");
     const int host = topo.host_of[dp_->rank()];
-    const auto& mine = hosts[host];
+    const auto& mine = topo.local(dp_->rank());
     const int local =
         static_cast<int>(std::find(mine.begin(), mine.end(), dp_->rank()) - mine.begin());
     shard_group_ = dp_->split(host, dp_->rank());

@@ -88,7 +88,7 @@ void allgather_hier(Exec& x, const void* in, void* out, const Blocks& b) {
   const Topology& t = x.topo();
   const int n = x.size(), r = x.rank();
   const int my_host = t.host_of[r];
-  const std::vector<int>& local = t.hosts[my_host];
+  const std::vector<int>& local = t.local(r);
   const int leader = local.front();
   const size_t es = x.esize();
   size_t longest = 0;
@@ -178,7 +178,7 @@ void allgather_shared(Exec& x, const void* in, void* out, const Blocks& b, uint6
   const Topology& t = x.topo();
   const int r = x.rank();
   const int my_host = t.host_of[r];
-  const std::vector<int>& local = t.hosts[my_host];
+  const std::vector<int>& local = t.local(r);
   local_barrier(x, local, id);  // nobody reads the last result any more
   x.copy_in_background(at(out, b.off[r]), in, b.len[r]);
   for (int i = 1; i < t.nhosts(); ++i) {  // staggered: host h+1, h+2, ...

@@ -180,7 +180,7 @@ size_t hier_chunk_bytes() {
 void allreduce_hier(Exec& x, const void* in, void* out, size_t count) {
   const Topology& t = x.topo();
   const int r = x.rank();
-  const std::vector<int>& local = t.hosts[t.host_of[r]];
+  const std::vector<int>& local = t.local(r);
   const int leader = local.front();
   const bool is_leader = r == leader;
   std::vector<int> leaders;

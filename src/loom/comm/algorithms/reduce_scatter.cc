@@ -66,7 +66,7 @@ void reduce_scatter_hier(Exec& x, const void* in, void* out, size_t count) {
   const Topology& t = x.topo();
   const int n = x.size(), r = x.rank();
   const int my_host = t.host_of[r];
-  const std::vector<int>& local = t.hosts[my_host];
+  const std::vector<int>& local = t.local(r);
   const int leader = local.front();
   const size_t es = x.esize(), bb = count * es;
   // Chunks of each block, sized so that one chunk of all n blocks is about LOOM_HIER_CHUNK.
