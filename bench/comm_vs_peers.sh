@@ -20,8 +20,7 @@ g++ -O2 -std=c++17 -o "$peers/gloo_bench" bench/peers/gloo_bench.cc -lgloo -lpth
 g++ -O2 -std=c++17 -o "$peers/tcp_stream" bench/peers/tcp_stream.cc -lpthread
 loom=build/apps/loom/loom
 MIN=${MIN:-4096} MAX=${MAX:-268435456} FACTOR=${FACTOR:-4} ITERS=${ITERS:-20}
-
-probe() { $loom bench --probe | sed "s/^{/{\"when\":\"$1\",\"nranks\":$2,/" >> "$out/probe.jsonl"; }
+source bench/common.sh  # probe
 
 run_gloo() {
   local n=$1 dir

@@ -11,14 +11,9 @@
 # before and after each block. Writes JSON lines to OUT_DIR and prints the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-bench/out/single-copy-$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$out" build/peers
-mpicc -O2 -o build/peers/mpi_bench bench/peers/mpi_bench.c
-loom=build/apps/loom/loom
+source bench/common.sh
+bench_start single-copy- "${1:-}"
 MIN=${MIN:-65536} MAX=${MAX:-268435456} ITERS=${ITERS:-20} ROUNDS=${ROUNDS:-3}
-: > "$out/results.jsonl"
-: > "$out/probe.jsonl"
-probe() { $loom bench --probe | sed "s/^{/{\"when\":\"$1\",\"nranks\":$2,/" >> "$out/probe.jsonl"; }
 for ((round = 1; round <= ROUNDS; round++)); do
   for n in 2 4; do
     probe "before-r$round" "$n"
