@@ -188,11 +188,16 @@ TEST(Gpt, Bf16ComputeIsCloseToFp32) {
 // backward's products) hold exactly the bits each product rounded before: the same loss
 // and gradients bit for bit, with recompute too, and after the parameters change between
 // steps (an optimizer update: the next forward rounds them again).
+//
+// Likewise the roundings of activations and gradients written by the passes that produce
+// them, and operands rounded once for two products (set_bf16_staging): `without` has
+// neither, so each of its products rounds its own operands.
 TEST(Gpt, Bf16WeightCopiesChangeNoBit) {
   if (!kernels::cpu::native_bf16()) GTEST_SKIP() << "no native bf16 products on this CPU";
   auto fx = fixture();
   Gpt with(config_of(fx["config"])), without(config_of(fx["config"]));
   without.set_bf16_weight_copies(false);
+  without.set_bf16_staging(false);
   for (Gpt* m : {&with, &without}) {
     load(*m, fx["params"]);
     m->set_precision(kernels::cpu::Precision::kBF16);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -115,6 +116,95 @@ TEST(Kernels, Bf16MatmulRoundsOperandsAndAccumulatesInF32) {
       max_diff32 = std::max(max_diff32, std::fabs(out32[n * OC + o] - s));
     }
   EXPECT_GT(max_diff32, 1e-3);  // the fp32 product is measurably different
+}
+
+// The fused forward passes give exactly the unfused ones' numbers: the residual add and the
+// LayerNorm that reads it, and the bf16 rounding of LayerNorm's and GELU's outputs (which the
+// next product reads instead of rounding them itself). Odd widths exercise the vector tails.
+TEST(Kernels, FusedResidualLayerNormAndBf16OutputsEqualTheUnfusedPasses) {
+  for (int C : {7, 77, 389}) {
+    const int N = 13;
+    auto a = randn(N * C, 50), b = randn(N * C, 51), w = randn(C, 52), bias = randn(C, 53);
+    std::vector<float> res(N * C), out(N * C), mean(N), rstd(N);
+    residual_forward(res.data(), a.data(), b.data(), res.size());
+    layernorm_forward(out.data(), mean.data(), rstd.data(), res.data(), w.data(), bias.data(), N,
+                      C);
+    std::vector<float> res2(N * C), out2(N * C), mean2(N), rstd2(N);
+    std::vector<uint16_t> out16(N * C);
+    residual_layernorm_forward(res2.data(), out2.data(), mean2.data(), rstd2.data(), a.data(),
+                               b.data(), w.data(), bias.data(), N, C, out16.data());
+    EXPECT_EQ(res2, res);
+    EXPECT_EQ(out2, out);
+    EXPECT_EQ(mean2, mean);
+    EXPECT_EQ(rstd2, rstd);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out16[i], f32_to_bf16(out[i])) << i;
+    std::vector<uint16_t> ln16(N * C);
+    layernorm_forward(out2.data(), mean2.data(), rstd2.data(), res.data(), w.data(), bias.data(), N,
+                      C, ln16.data());
+    EXPECT_EQ(out2, out);
+    EXPECT_EQ(ln16, out16);
+  }
+  const size_t n = (1 << 15) + 333;  // two chunks and a tail
+  auto x = randn(n, 54, 3.0f);
+  std::vector<float> g(n), g2(n);
+  std::vector<uint16_t> g16(n);
+  gelu_forward(g.data(), x.data(), n);
+  gelu_forward(g2.data(), x.data(), n, g16.data());
+  EXPECT_EQ(g2, g);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(g16[i], f32_to_bf16(g[i])) << i;
+}
+
+// A bf16 product reads the input's bf16 copy where one is given (here deliberately another
+// matrix's: the result is that matrix's product) and adds the bias inside the product.
+TEST(Kernels, Bf16MatmulReadsTheGivenInputRoundingAndAddsTheBias) {
+  if (!native_bf16()) GTEST_SKIP() << "no native bf16 products on this CPU";
+  const int N = 33, C = 70, OC = 17;
+  auto x = randn(N * C, 60), other = randn(N * C, 61), w = randn(OC * C, 62), b = randn(OC, 63);
+  std::vector<uint16_t> other16(N * C);
+  for (size_t i = 0; i < other.size(); ++i) other16[i] = f32_to_bf16(other[i]);
+  Gemm gemm(Precision::kBF16);
+  std::vector<float> out(N * OC), expect(N * OC);
+  matmul_forward(gemm, out.data(), x.data(), w.data(), b.data(), N, C, OC, nullptr, other16.data());
+  matmul_forward(gemm, expect.data(), other.data(), w.data(), b.data(), N, C, OC);
+  EXPECT_EQ(out, expect);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      double s = b[o];
+      for (int c = 0; c < C; ++c)
+        s += static_cast<double>(bf16_to_f32(other16[n * C + c])) *
+             bf16_to_f32(f32_to_bf16(w[o * C + c]));
+      EXPECT_NEAR(out[n * OC + o], s, 1e-4 * (1 + std::fabs(s)));
+    }
+}
+
+// A backward told to assign writes its input gradient over whatever the buffer held (NaN
+// here): the same numbers as adding into zeros, in fp32 and bf16 products.
+TEST(Kernels, AssigningBackwardsEqualAccumulatingIntoZeros) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (Precision p : {Precision::kF32, Precision::kBF16}) {
+    Gemm gemm(p);
+    const int B = 2, T = 7, C = 8, NH = 2, N = B * T, OC = 12;
+    auto x = randn(N * 3 * C, 70), g = randn(N * C, 71), att = randn(B * NH * T * T, 72);
+    std::vector<float> out(N * C), scratch(att.size());
+    attention_forward(gemm, out.data(), att.data(), x.data(), B, T, C, NH);
+    std::vector<float> acc(x.size(), 0.0f), put(x.size(), nan);
+    attention_backward(gemm, acc.data(), scratch.data(), g.data(), x.data(), att.data(), B, T, C,
+                       NH);
+    attention_backward(gemm, put.data(), scratch.data(), g.data(), x.data(), att.data(), B, T, C,
+                       NH, true);
+    EXPECT_EQ(put, acc);
+    auto w = randn(OC * C, 73), d = randn(N * OC, 74);
+    std::vector<float> in_acc(N * C, 0.0f), in_put(N * C, nan), dw(OC * C, 0.0f), db(OC, 0.0f);
+    matmul_backward(gemm, in_acc.data(), dw.data(), db.data(), d.data(), out.data(), w.data(), N, C,
+                    OC);
+    matmul_backward(gemm, in_put.data(), dw.data(), db.data(), d.data(), out.data(), w.data(), N, C,
+                    OC, nullptr, nullptr, true);
+    EXPECT_EQ(in_put, in_acc);
+    std::vector<float> ge_acc(g.size(), 0.0f), ge_put(g.size(), nan);
+    gelu_backward(ge_acc.data(), out.data(), g.data(), g.size());
+    gelu_backward(ge_put.data(), out.data(), g.data(), g.size(), true);
+    EXPECT_EQ(ge_put, ge_acc);
+  }
 }
 
 // The few-row product with bf16 weights: exactly the weights' bf16 values times fp32

@@ -365,13 +365,13 @@ const float* Gpt::reduce_input_grad(float* partial) {
 // product over its K columns is partial; the group's sum (allreduce, or reduce-scatter to
 // this rank's rows) gets the bias once. Returns the (R,C) result.
 const float* Gpt::row_parallel_linear(float* partial, const float* inp, Weight w, const float* bias,
-                                      int K) {
+                                      int K, const uint16_t* inp16) {
   const int C = cfg_.n_embd;
   if (tp_ == 1) {
-    k::matmul_forward(gemm_, partial, inp, w.f32, bias, N_, K, C, w.bf16);
+    k::matmul_forward(gemm_, partial, inp, w.f32, bias, N_, K, C, w.bf16, inp16);
     return partial;
   }
-  k::matmul_forward(gemm_, partial, inp, w.f32, nullptr, N_, K, C, w.bf16);
+  k::matmul_forward(gemm_, partial, inp, w.f32, nullptr, N_, K, C, w.bf16, inp16);
   float* out = partial;
   if (sp_) {
     out = proj_rows_.data();
@@ -412,12 +412,12 @@ void Gpt::layernorm_backward_rows(BackwardPart part, float* dx, float* dw, float
 
 void Gpt::linear_backward(BackwardPart part, float* dinp, float* dw, float* db, const float* dout,
                           const float* inp, Weight w, int N, int C, int OC,
-                          std::vector<float>* keep, const uint16_t* dout16) {
+                          std::vector<float>* keep, const uint16_t* dout16, bool assign) {
   if (part == BackwardPart::kWhole) {
-    k::matmul_backward(gemm_, dinp, dw, db, dout, inp, w.f32, N, C, OC, w.bf16, dout16);
+    k::matmul_backward(gemm_, dinp, dw, db, dout, inp, w.f32, N, C, OC, w.bf16, dout16, assign);
     return;
   }
-  k::matmul_backward_input(gemm_, dinp, dout, w.f32, N, C, OC, w.bf16, dout16);
+  k::matmul_backward_input(gemm_, dinp, dout, w.f32, N, C, OC, w.bf16, dout16, assign);
   if (keep) keep->assign(dout, dout + static_cast<size_t>(N) * OC);  // else dout stays put
 }
 
@@ -428,24 +428,37 @@ void Gpt::block_forward(int l, BlockActs& a, const float* in, float* out) {
   const int B = B_, T = T_, C = cfg_.n_embd, N = N_, R = R_, Cl = Cl_, u = l + 1;
   const size_t rc = static_cast<size_t>(R) * C;
   const auto& o = block_offsets_;
+  uint16_t* x16 = input_bf16(rc);
   k::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), in, p(u, o[kLn1w]),
-                       p(u, o[kLn1b]), R, C);
+                       p(u, o[kLn1b]), R, C, x16);
   const float* x = gather_rows(a.ln1.data(), gathered_.data());
   k::matmul_forward(gemm_, a.qkv.data(), x, p(u, o[kQkvw]), p(u, o[kQkvb]), N, C, 3 * Cl,
-                    p16(u, o[kQkvw]));
+                    p16(u, o[kQkvw]), x16);
   k::attention_forward(gemm_, a.atty.data(), a.att.data(), a.qkv.data(), B, T, Cl, NHl_);
   const float* y =
       row_parallel_linear(proj_.data(), a.atty.data(), weight(u, o[kProjw]), p(u, o[kProjb]), Cl);
-  k::residual_forward(a.res2.data(), in, y, rc);
-  k::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(),
-                       p(u, o[kLn2w]), p(u, o[kLn2b]), R, C);
+  x16 = input_bf16(rc);
+  k::residual_layernorm_forward(a.res2.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
+                                in, y, p(u, o[kLn2w]), p(u, o[kLn2b]), R, C, x16);
   x = gather_rows(a.ln2.data(), gathered_.data());
   k::matmul_forward(gemm_, a.fch.data(), x, p(u, o[kFcw]), p(u, o[kFcb]), N, C, 4 * Cl,
-                    p16(u, o[kFcw]));
-  k::gelu_forward(a.fch_gelu.data(), a.fch.data(), static_cast<size_t>(N) * 4 * Cl);
+                    p16(u, o[kFcw]), x16);
+  const size_t n4 = static_cast<size_t>(N) * 4 * Cl;
+  x16 = gemm_.staging_bf16(static_cast<int64_t>(n4));  // the product's input, also under SP
+  k::gelu_forward(a.fch_gelu.data(), a.fch.data(), n4, x16);
   y = row_parallel_linear(proj_.data(), a.fch_gelu.data(), weight(u, o[kFcProjw]),
-                          p(u, o[kFcProjb]), 4 * Cl);
+                          p(u, o[kFcProjb]), 4 * Cl, x16);
   k::residual_forward(out, a.res2.data(), y, rc);
+}
+
+// Room for the bf16 rounding of a product's input of n elements, written by the pass that
+// produces the input (LayerNorm, GELU) so the product need not round it again; valid until
+// the next product. Null where products read fp32, or where the input is gathered from the
+// tensor-parallel group before its product (sequence parallelism: the local rows' rounding
+// would not be the product's input).
+uint16_t* Gpt::input_bf16(size_t n) {
+  if (sp_) return nullptr;
+  return gemm_.staging_bf16(static_cast<int64_t>(n));
 }
 
 // The block's forward in reverse. dx holds d(out) on entry and d(in) on exit (R,C): the
@@ -460,18 +473,19 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
   const auto& o = block_offsets_;
   const bool whole = part == BackwardPart::kWhole;
   auto kept = [&](std::vector<float> BlockGrads::*f) { return whole ? nullptr : &(keep->*f); };
-  for (auto* v : {&d_ln1_, &d_qkv_, &d_atty_, &d_ln2_, &d_fch_, &d_fch_gelu_})
-    std::fill(v->begin(), v->end(), 0.0f);
+  // The block's gradient scratch (d_fch_gelu_, d_fch_, d_ln2_, d_atty_, d_qkv_, d_ln1_) has
+  // one contribution each: its kernel writes it (`assign`) rather than adding to zeros.
+  constexpr bool kAssign = true;
   // out = res2 + fcproj(gelu(fc(ln2(res2))))
   const float* dout = gather_rows(dx, d_all_.data());
   linear_backward(part, d_fch_gelu_.data(), g(u, o[kFcProjw]), g(u, o[kFcProjb]), dout,
                   a.fch_gelu.data(), weight(u, o[kFcProjw]), N, 4 * Cl, C,
-                  kept(&BlockGrads::mlp_out));
-  k::gelu_backward(d_fch_.data(), a.fch.data(), d_fch_gelu_.data(),
-                   static_cast<size_t>(N) * 4 * Cl);
+                  kept(&BlockGrads::mlp_out), nullptr, kAssign);
+  k::gelu_backward(d_fch_.data(), a.fch.data(), d_fch_gelu_.data(), static_cast<size_t>(N) * 4 * Cl,
+                   kAssign);
   const float* x = whole ? gather_rows(a.ln2.data(), gathered_.data()) : nullptr;
   linear_backward(part, d_ln2_.data(), g(u, o[kFcw]), g(u, o[kFcb]), d_fch_.data(), x,
-                  weight(u, o[kFcw]), N, C, 4 * Cl, kept(&BlockGrads::fch));
+                  weight(u, o[kFcw]), N, C, 4 * Cl, kept(&BlockGrads::fch), nullptr, kAssign);
   const float* dln = reduce_input_grad(d_ln2_.data());
   layernorm_backward_rows(part, dx, g(u, o[kLn2w]), g(u, o[kLn2b]), dln, a.res2.data(),
                           p(u, o[kLn2w]), a.ln2_mean.data(), a.ln2_rstd.data());
@@ -479,12 +493,12 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
   // res2 = in + attproj(attention(qkv(ln1(in))))
   dout = gather_rows(dx, d_all_.data());
   linear_backward(part, d_atty_.data(), g(u, o[kProjw]), g(u, o[kProjb]), dout, a.atty.data(),
-                  weight(u, o[kProjw]), N, Cl, C, kept(&BlockGrads::attn_out));
+                  weight(u, o[kProjw]), N, Cl, C, kept(&BlockGrads::attn_out), nullptr, kAssign);
   k::attention_backward(gemm_, d_qkv_.data(), d_att_.data(), d_atty_.data(), a.qkv.data(),
-                        a.att.data(), B, T, Cl, NHl_);
+                        a.att.data(), B, T, Cl, NHl_, kAssign);
   x = whole ? gather_rows(a.ln1.data(), gathered_.data()) : nullptr;
   linear_backward(part, d_ln1_.data(), g(u, o[kQkvw]), g(u, o[kQkvb]), d_qkv_.data(), x,
-                  weight(u, o[kQkvw]), N, C, 3 * Cl, kept(&BlockGrads::qkv));
+                  weight(u, o[kQkvw]), N, C, 3 * Cl, kept(&BlockGrads::qkv), nullptr, kAssign);
   dln = reduce_input_grad(d_ln1_.data());
   layernorm_backward_rows(part, dx, g(u, o[kLn1w]), g(u, o[kLn1b]), dln, in, p(u, o[kLn1w]),
                           a.ln1_mean.data(), a.ln1_rstd.data());

@@ -189,6 +189,11 @@ class Gpt {
   // instead of one per product. Costs 2 bytes per parameter of the units between forward
   // and backward: off under ZeRO-3, whose point is not to hold every unit.
   void set_bf16_weight_copies(bool on) { bf16_copies_ = on; }
+  // Whether the passes that produce a product's operand (LayerNorm, GELU, attention's softmax,
+  // the loss's backward) write its bf16 rounding for the product, and operands two products
+  // read are rounded once (on: the default). Off, every product rounds its own operands: the
+  // same bits, more passes over memory (the tests' reference).
+  void set_bf16_staging(bool on) { gemm_.set_staging(on); }
 
   // GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0,
   // LayerNorm weights 1, padded vocabulary rows 0. Every value is a pure function of (seed,
@@ -254,15 +259,17 @@ class Gpt {
   Weight weight(int unit, size_t offset) const { return {p(unit, offset), p16(unit, offset)}; }
   const uint16_t* p16(int unit, size_t offset) const;
   void round_unit(int u);  // makes unit u's bf16 copy (when bf16 copies are on)
-  // A linear's backward: whole, or the input gradient with dout kept for the weights.
+  // A linear's backward: whole, or the input gradient with dout kept for the weights; the
+  // input gradient added to dinp, or written over it (assign).
   void linear_backward(BackwardPart part, float* dinp, float* dw, float* db, const float* dout,
                        const float* inp, Weight w, int N, int C, int OC, std::vector<float>* keep,
-                       const uint16_t* dout16 = nullptr);
+                       const uint16_t* dout16 = nullptr, bool assign = false);
   // The tensor-parallel edges (model/tp_comm.h); identities without tensor parallelism.
   const float* gather_rows(const float* rows, float* all);  // f forward / g backward
   const float* reduce_input_grad(float* partial);           // f backward
   const float* row_parallel_linear(float* partial, const float* inp, Weight w, const float* bias,
-                                   int K);  // linear + g forward
+                                   int K, const uint16_t* inp16 = nullptr);  // linear + g forward
+  uint16_t* input_bf16(size_t n);
   // LayerNorm over the R rows: the input gradient and/or the weight gradients (completed
   // over the tp group under sequence parallelism).
   void layernorm_backward_rows(BackwardPart part, float* dx, float* dw, float* db,

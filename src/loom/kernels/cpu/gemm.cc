@@ -8,11 +8,13 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "loom/core/check.h"
 #include "loom/core/dtype.h"
 #include "loom/core/tunable.h"
+#include "loom/kernels/cpu/chunks.h"
 #include "loom/kernels/cpu/vecmath.h"
 #include "loom/profile/trace.h"
 
@@ -60,10 +62,9 @@ LOOM_VECTOR_CLONES void round_to_bf16_serial(uint16_t* out, const float* x, int6
 }
 
 void round_to_bf16(uint16_t* out, const float* x, int64_t n) {
-  constexpr int64_t kChunk = 1 << 14;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i += kChunk)
-    round_to_bf16_serial(out + i, x + i, std::min(kChunk, n - i));
+  for_each_chunk(static_cast<size_t>(n), [&](size_t c, size_t k) {
+    round_to_bf16_serial(out + c, x + c, static_cast<int64_t>(k));
+  });
 }
 
 bool native_bf16() {
@@ -84,8 +85,9 @@ bool native_bf16() {
 struct Gemm::Impl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  std::map<std::array<int64_t, 20>, dnnl::matmul> cache;
-  std::vector<uint16_t> a16, b16, staged;
+  std::map<std::array<int64_t, 21>, dnnl::matmul> cache;
+  std::vector<uint16_t> a16, b16;
+  std::array<std::vector<uint16_t>, kStagingSlots> staged;
   std::vector<float> a32, b32;  // rounded operands (bf16 without native support)
 };
 
@@ -96,22 +98,25 @@ bool Gemm::reads_bf16() const {
   return precision_ == Precision::kBF16 && native_bf16();
 }
 
-uint16_t* Gemm::staging_bf16(int64_t n) {
-  if (!reads_bf16()) return nullptr;
-  if (static_cast<int64_t>(impl_->staged.size()) < n) impl_->staged.resize(n);
-  return impl_->staged.data();
+uint16_t* Gemm::staging_bf16(int64_t n, int slot) {
+  if (!reads_bf16() || !staging_) return nullptr;
+  LOOM_CHECK(slot >= 0 && slot < kStagingSlots);
+  auto& buf = impl_->staged[slot];
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
 }
 
-const uint16_t* Gemm::stage_bf16(const float* x, int64_t n) {
-  uint16_t* out = staging_bf16(n);
+const uint16_t* Gemm::stage_bf16(const float* x, int64_t n, int slot) {
+  uint16_t* out = staging_bf16(n, slot);
   if (out) round_to_bf16(out, x, n);
   return out;
 }
 
 void Gemm::run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, float alpha,
-               bool accumulate) {
+               bool accumulate, const float* bias) {
   if (s.M == 0 || s.N == 0 || s.batch0 == 0 || s.batch1 == 0) return;
   LOOM_CHECK_LT(0, s.K);
+  LOOM_CHECK(!bias || (s.batch0 == 1 && s.batch1 == 1));
   // The timeline shows products of at least LOOM_TRACE_GEMM_MFLOP (their name the shape).
   std::optional<TraceSpan> trace;
   if (Trace::on()) {
@@ -128,12 +133,16 @@ void Gemm::run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, flo
   const memory::data_type in_t = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   memory::desc ad = describe(s, a, s.M, s.K, in_t), bd = describe(s, b, s.K, s.N, in_t),
                cd = describe(s, c, s.M, s.N, memory::data_type::f32);
-  const std::array<int64_t, 20> key = {
-      s.M,      s.N,          s.K,          s.batch0,
-      s.batch1, a.row_stride, a.col_stride, a.batch0,
-      a.batch1, b.row_stride, b.col_stride, b.batch0,
-      b.batch1, c.row_stride, c.col_stride, c.batch0,
-      c.batch1, bf16,         accumulate,   static_cast<int64_t>(std::bit_cast<uint32_t>(alpha))};
+  // The primitive's identity: shape, every view's strides, precision, mode, alpha, bias.
+  // clang-format off
+  const std::array<int64_t, 21> key = {
+      s.M, s.N, s.K, s.batch0, s.batch1,
+      a.row_stride, a.col_stride, a.batch0, a.batch1,
+      b.row_stride, b.col_stride, b.batch0, b.batch1,
+      c.row_stride, c.col_stride, c.batch0, c.batch1,
+      bf16, accumulate, static_cast<int64_t>(std::bit_cast<uint32_t>(alpha)), bias != nullptr};
+  // clang-format on
+  const memory::desc biasd({1, s.N}, memory::data_type::f32, {s.N, 1});
   auto it = impl_->cache.find(key);
   if (it == impl_->cache.end()) {
     dnnl::primitive_attr attr;
@@ -143,7 +152,9 @@ void Gemm::run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, flo
       po.append_sum(1.0f);
       attr.set_post_ops(po);
     }
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, impl_->engine);
+    dnnl::matmul::primitive_desc pd(
+        bias ? dnnl::matmul::desc(ad, bd, biasd, cd) : dnnl::matmul::desc(ad, bd, cd), attr,
+        impl_->engine);
     it = impl_->cache.emplace(key, dnnl::matmul(pd)).first;
   }
   void* ap = const_cast<float*>(a.data);
@@ -165,8 +176,10 @@ void Gemm::run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, flo
   }
   memory am(ad, impl_->engine, ap), bm(bd, impl_->engine, bp),
       cm(cd, impl_->engine, const_cast<float*>(c.data));
-  it->second.execute(impl_->stream,
-                     {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  std::unordered_map<int, memory> args = {
+      {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, memory(biasd, impl_->engine, const_cast<float*>(bias)));
+  it->second.execute(impl_->stream, args);
   impl_->stream.wait();
 }
 

@@ -45,24 +45,31 @@ class Gemm {
   Precision precision() const { return precision_; }
   void set_precision(Precision p) { precision_ = p; }
 
-  // c (M,N) = alpha * a (M,K) @ b (K,N), plus the old c when accumulate; for every batch.
-  // c's view must not overlap a or b.
+  // c (M,N) = alpha * a (M,K) @ b (K,N), plus the old c when accumulate, plus bias (N) on
+  // every row where given (added to the fp32 accumulator inside the product: no pass of its
+  // own; single matrices only); for every batch. c's view must not overlap a or b.
   void run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, float alpha,
-           bool accumulate);
+           bool accumulate, const float* bias = nullptr);
 
   // Whether products read bf16 operands (native bf16 mode): then an operand's bf16 copy,
   // where the caller has one, saves rounding it again.
   bool reads_bf16() const;
-  // x (n elements) rounded to bf16 in a buffer of this Gemm's, valid until the next call:
-  // for an operand two products read. Null unless reads_bf16().
-  const uint16_t* stage_bf16(const float* x, int64_t n);
+  // x (n elements) rounded to bf16 in one of this Gemm's staging buffers (kStagingSlots of
+  // them, so a kernel can hold several roundings at once), valid until that slot's next
+  // use: for an operand two products read. Null unless reads_bf16().
+  static constexpr int kStagingSlots = 4;
+  const uint16_t* stage_bf16(const float* x, int64_t n, int slot = 0);
   // That buffer with room for n elements, for a kernel that writes the rounding itself.
-  uint16_t* staging_bf16(int64_t n);
+  uint16_t* staging_bf16(int64_t n, int slot = 0);
+  // Off: stage_bf16/staging_bf16 return null, so every product rounds its own operands (the
+  // same bits; a reference for tests).
+  void set_staging(bool on) { staging_ = on; }
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
   Precision precision_;
+  bool staging_ = true;
 };
 
 // Whether oneDNN has a bf16 matrix product on this CPU (AVX-512 BF16, AMX, or AVX-512 core

@@ -34,9 +34,16 @@ void embedding_shard_backward(float* dwte_shard, const float* dout, const int* t
 void position_forward(float* out, const float* wpe, int row_begin, int R, int T, int C);
 void position_backward(float* dwpe, const float* dout, int row_begin, int R, int T, int C);
 
-// out (N,C) = (inp - mean) * rstd * weight + bias, per row; mean, rstd (N) are saved.
+// out (N,C) = (inp - mean) * rstd * weight + bias, per row; mean, rstd (N) are saved; with
+// out16 also out rounded to bf16 (what the next product reads), in the same pass.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C);
+                       const float* bias, int N, int C, uint16_t* out16 = nullptr);
+// res = a + b, then out = layernorm(res) as above: a residual add and the LayerNorm that
+// reads it in one pass over the rows (the same numbers as residual_forward and then
+// layernorm_forward).
+void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                const float* b, const float* weight, const float* bias, int N,
+                                int C, uint16_t* out16 = nullptr);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);
@@ -47,20 +54,25 @@ void layernorm_backward_input(float* dinp, const float* dout, const float* inp, 
 void layernorm_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp,
                                const float* mean, const float* rstd, int N, int C);
 
-// out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (OC); bias may be null. The products run
-// through `gemm` (oneDNN), in its precision (fp32, or bf16 operands with fp32 accumulation).
-// weight16, where given, is the weight already rounded to bf16 (read by bf16 products
-// instead of rounding it again); dout16 likewise for dout, which the backward otherwise
-// rounds once for both of its products.
+// out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (OC); bias may be null (it is added inside
+// the product). The products run through `gemm` (oneDNN), in its precision (fp32, or bf16
+// operands with fp32 accumulation). weight16, where given, is the weight already rounded to
+// bf16 (read by bf16 products instead of rounding it again); inp16 likewise for inp (written
+// by the pass that produced inp), dout16 for dout, which the backward otherwise rounds once
+// for both of its products.
 void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weight,
-                    const float* bias, int N, int C, int OC, const uint16_t* weight16 = nullptr);
+                    const float* bias, int N, int C, int OC, const uint16_t* weight16 = nullptr,
+                    const uint16_t* inp16 = nullptr);
+// A backward's `assign` (false by default) breaks the += rule for the input gradient: it is
+// written with `=`, for a caller whose buffer has no other contribution (no zeroing pass).
 void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int N, int C, int OC,
-                     const uint16_t* weight16 = nullptr, const uint16_t* dout16 = nullptr);
+                     const uint16_t* weight16 = nullptr, const uint16_t* dout16 = nullptr,
+                     bool assign = false);
 // Its two halves (input gradient; weight and bias gradients), the same products.
 void matmul_backward_input(Gemm& gemm, float* dinp, const float* dout, const float* weight, int N,
                            int C, int OC, const uint16_t* weight16 = nullptr,
-                           const uint16_t* dout16 = nullptr);
+                           const uint16_t* dout16 = nullptr, bool assign = false);
 void matmul_backward_weight(Gemm& gemm, float* dweight, float* dbias, const float* dout,
                             const float* inp, int N, int C, int OC,
                             const uint16_t* dout16 = nullptr);
@@ -77,16 +89,18 @@ void bias_forward(float* out, const float* bias, int N, int OC);
 void attention_forward(Gemm& gemm, float* out, float* att, const float* inp, int B, int T, int C,
                        int NH);
 void attention_backward(Gemm& gemm, float* dinp, float* scratch, const float* dout,
-                        const float* inp, const float* att, int B, int T, int C, int NH);
+                        const float* inp, const float* att, int B, int T, int C, int NH,
+                        bool assign = false);
 // Attention of R new rows over cached keys and values (generation): row r's query (inside
 // qkv (R,3C), as in attention_forward) attends to positions [0, len[r]) of its sequence,
 // whose keys and values are k[r], v[r] (NH, cap, hs) each. out (R,C); scratch (R,NH,cap).
 void attention_decode(float* out, float* scratch, const float* qkv, const float* const* k,
                       const float* const* v, const int* len, int R, int C, int NH, int cap);
 
-// GELU, tanh approximation (as GPT-2 and PyTorch's approximate="tanh").
-void gelu_forward(float* out, const float* inp, size_t n);
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+// GELU, tanh approximation (as GPT-2 and PyTorch's approximate="tanh"); with out16 also out
+// rounded to bf16, in the same pass.
+void gelu_forward(float* out, const float* inp, size_t n, uint16_t* out16 = nullptr);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool assign = false);
 
 // out = a + b
 void residual_forward(float* out, const float* a, const float* b, size_t n);

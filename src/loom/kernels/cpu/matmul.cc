@@ -9,9 +9,10 @@
 namespace loom::kernels::cpu {
 
 void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weight,
-                    const float* bias, int N, int C, int OC, const uint16_t* weight16) {
-  gemm.run({N, OC, C}, {inp, C, 1}, {weight, 1, C, 0, 0, weight16}, {out, OC, 1}, 1.0f, false);
-  if (bias) bias_forward(out, bias, N, OC);
+                    const float* bias, int N, int C, int OC, const uint16_t* weight16,
+                    const uint16_t* inp16) {
+  gemm.run({N, OC, C}, {inp, C, 1, 0, 0, inp16}, {weight, 1, C, 0, 0, weight16}, {out, OC, 1}, 1.0f,
+           false, bias);
 }
 
 void bias_forward(float* out, const float* bias, int N, int OC) {
@@ -22,16 +23,17 @@ void bias_forward(float* out, const float* bias, int N, int OC) {
 
 void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int N, int C, int OC,
-                     const uint16_t* weight16, const uint16_t* dout16) {
+                     const uint16_t* weight16, const uint16_t* dout16, bool assign) {
   if (!dout16) dout16 = gemm.stage_bf16(dout, static_cast<int64_t>(N) * OC);
-  matmul_backward_input(gemm, dinp, dout, weight, N, C, OC, weight16, dout16);
+  matmul_backward_input(gemm, dinp, dout, weight, N, C, OC, weight16, dout16, assign);
   matmul_backward_weight(gemm, dweight, dbias, dout, inp, N, C, OC, dout16);
 }
 
 void matmul_backward_input(Gemm& gemm, float* dinp, const float* dout, const float* weight, int N,
-                           int C, int OC, const uint16_t* weight16, const uint16_t* dout16) {
+                           int C, int OC, const uint16_t* weight16, const uint16_t* dout16,
+                           bool assign) {
   gemm.run({N, C, OC}, {dout, OC, 1, 0, 0, dout16}, {weight, C, 1, 0, 0, weight16}, {dinp, C, 1},
-           1.0f, true);
+           1.0f, !assign);
 }
 
 void matmul_backward_weight(Gemm& gemm, float* dweight, float* dbias, const float* dout,
