@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # loom's main job on one machine: the King James Bible (Debian bible-kjv, public domain)
 # -> GPT-2 token shards -> train the `tiny` model on 2 local ranks with ZeRO (2,000 steps,
-# 6-13 minutes on 2 cores: docs/perf.md) -> sample from it.
+# 3-13 minutes on 2 cores: docs/perf.md) -> sample from it.
 # Rerunnable: existing data is reused and an existing run is resumed (or just sampled).
 #   LOOM_DEMO_STEPS=N overrides train.steps (configs/tiny.toml: 2000).
 set -euo pipefail
