@@ -333,9 +333,9 @@ ELASTIC_ARGS = ["--set", "train.global_batch=24", "--set", "train.zero=1", "--se
                 "ckpt.every=5"]
 
 
-def one_process(T, name, steps):
+def one_process(T, name, steps, extra=ELASTIC_ARGS):
     d = os.path.join(WORK, name)
-    T.train(d, 1, *ELASTIC_ARGS, steps=steps)
+    T.train(d, 1, *extra, steps=steps)
     return losses(d)
 
 
@@ -394,15 +394,20 @@ def faults():
     machine's traffic dropped by iptables. Each is reported, the job goes on, and the losses
     are one process's (no checkpoint was damaged)."""
     T = Trainer(LOOM, prepare_data(LOOM, WORK))
-    steps, deadline = 40, 15
-    base = one_process(T, "faults_one", steps)
+    # 100 steps: each fault takes ~20 steps (~170 ms each; etcd is down for 3 s) and the
+    # cut must come while the job still trains. At ELASTIC_ARGS' lr (3e-3) this model's loss
+    # spikes after ~30 steps and turns reduction-order differences of 1e-7 into 1e-3; at
+    # 1e-3 the 100 steps stay within 1e-6 of one process.
+    steps, deadline = 100, 15
+    extra = ELASTIC_ARGS + ["--set", "optim.lr=1e-3"]
+    base = one_process(T, "faults_one", steps, extra)
     etcd = start_etcd()
     # The defaults' order, shortened: the hang watchdog (60 s) reports before the deadline
     # (300 s) fails the operation. A last call of 8 s: after the stopped rank, machine 1's
     # launcher spends the 5 s kill grace before it can meet again, and on a fast host the
     # other two finished the job's remaining steps (~130 ms each) before a later round could
     # admit it (a CI run on a Zen 5 EPYC).
-    job = RdzvJob(T, os.path.join(WORK, "faults"), ELASTIC_ARGS, steps, "faults-e2e",
+    job = RdzvJob(T, os.path.join(WORK, "faults"), extra, steps, "faults-e2e",
                   timeout_s=deadline, watchdog_s=5, last_call_s=8)
     try:
         for m in range(MACHINES):
@@ -443,6 +448,10 @@ def faults():
         # Machine 2's traffic is dropped by iptables (its processes live on, unreachable).
         at = job.step()
         job.wait(lambda: job.step() >= at + 3, 300, "3 machines to train 3 steps")
+        cut_at = job.step()
+        if cut_at > steps - 10:
+            fail("the cut would come at step %d of %d: too late to see the job go on after it "
+                 "(raise steps)" % (cut_at, steps))
         job.gone.add(2)
         cluster("exec", "2", "sh", "-c",
                 "iptables -A INPUT -j DROP && iptables -A OUTPUT -j DROP")
@@ -453,8 +462,8 @@ def faults():
         r = job.later_round_met(2)
         if noticed > 15:
             fail("machine 2's dropped traffic was noticed after %.1f s (15 s allowed)" % noticed)
-        print("ok  machine 2's traffic dropped (iptables): noticed in %.1f s, round %d met with "
-              "machines 0 and 1" % (noticed, r))
+        print("ok  machine 2's traffic dropped (iptables) at step %d: noticed in %.1f s, round "
+              "%d met with machines 0 and 1" % (cut_at, noticed, r))
         job.procs.pop(2).kill()
         job.finish()
     finally:
