@@ -12,6 +12,7 @@
 
 #include "loom/comm/communicator.h"
 #include "loom/comm/transport/shm/shm_pair.h"
+#include "loom/comm/transport/tcp/tcp_pair.h"
 #include "loom/core/cpus.h"
 #include "loom/core/error.h"
 #include "support/sweep.h"
@@ -124,6 +125,64 @@ TEST(SharedBuffers, SweepReadsInPlace) {
   ::unsetenv("LOOM_SHM_SHARED_MIN");
   ::unsetenv("LOOM_SHM_SHARED_MIN_ALLREDUCE");
   EXPECT_GT(comm::ShmPair::bytes_read_in_place(), before);
+}
+
+// TCP send threads (LOOM_TCP_SEND_THREAD=1): every payload of the sweep is written by the
+// pair's send thread while the engine receives, over TCP and two-level; then 1.2 MB
+// messages (three stripes: both streams carry a thread's message) through allgather and a
+// reducing allreduce.
+TEST(TcpSendThread, SweepWithEveryPayloadOnTheThread) {
+  ::setenv("LOOM_TCP_SEND_THREAD", "1", 1);
+  const uint64_t before = comm::TcpPair::bytes_sent_by_thread();
+  for (auto [layout, n] : {std::pair{Layout::kTcp, 2}, {Layout::kTcp, 3}, {Layout::kHier, 4}}) {
+    std::string name = std::string("sendthread-") + layout_name(layout) + std::to_string(n);
+    std::vector<size_t> counts{0, 1, 7, 1031, static_cast<size_t>(n) * 13 + 3};
+    run_ranks(n, layout, name, [&](Communicator& c) {
+      int wrong = sweep(c, counts, name, [](const std::string& m) { ADD_FAILURE() << m; });
+      EXPECT_EQ(wrong, 0) << name << " rank " << c.rank();
+      const size_t count = 300000;
+      const size_t ranks = static_cast<size_t>(c.size());  // (clang captures no bindings)
+      std::vector<float> mine(count), all(count * ranks), sum(count);
+      for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>(c.rank() * 8 + i % 7);
+      c.allgather(mine.data(), all.data(), count, DType::kF32);
+      c.allreduce(mine.data(), sum.data(), count, DType::kF32, ReduceOp::kSum);
+      for (size_t i = 0; i < count * ranks; ++i)
+        if (all[i] != static_cast<float>(i / count * 8 + i % count % 7)) {
+          ADD_FAILURE() << name << " rank " << c.rank() << ": allgather element " << i;
+          break;
+        }
+      for (size_t i = 0; i < count; ++i)
+        if (sum[i] != static_cast<float>(4 * ranks * (ranks - 1) + ranks * (i % 7))) {
+          ADD_FAILURE() << name << " rank " << c.rank() << ": allreduce element " << i;
+          break;
+        }
+    });
+  }
+  ::unsetenv("LOOM_TCP_SEND_THREAD");
+  EXPECT_GT(comm::TcpPair::bytes_sent_by_thread(), before);
+}
+
+// A send the thread is writing when its deadline passes (the receiver never receives, and
+// 64 MiB do not fit the sockets' buffers): the send fails with the timeout, and the thread
+// lets go of the buffer, which is freed at once (ASan would see a later read).
+TEST(TcpSendThread, ATimedOutSendLetsGoOfItsBuffer) {
+  ::setenv("LOOM_TCP_SEND_THREAD", "1", 1);
+  run_ranks(2, Layout::kTcp, "sendthread-timeout", [&](Communicator& c) {
+    if (c.rank() == 1) {  // receives nothing, and stays connected meanwhile
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return;
+    }
+    auto buf = std::make_unique<std::vector<std::byte>>(64 << 20, std::byte{1});
+    try {
+      c.send(buf->data(), buf->size(), DType::kU8, 1, OpOptions{comm::Algo::kAuto, 0.5});
+      ADD_FAILURE() << "a 64 MiB send nobody receives returned";
+    } catch (const PeerError& e) {
+      EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
+    }
+    buf.reset();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  });
+  ::unsetenv("LOOM_TCP_SEND_THREAD");
 }
 
 // allgather_shared on thread ranks: one machine buffer per (virtual) host, mapped again by

@@ -134,6 +134,7 @@ class Pair {
   virtual bool peek(FrameHeader* h) = 0;
   // Drops queued requests (after an error, before their buffers go away).
   void cancel_all() {
+    stop_io();
     if (!unacked_.empty()) revoke();
     sends_.clear();
     recvs_.clear();
@@ -150,6 +151,8 @@ class Pair {
   // Tells the peer that buffers it may be reading in place are about to be given back
   // (cancel_all with sends still unacknowledged).
   virtual void revoke() {}
+  // Stops a transport's own threads from touching the queued requests' buffers.
+  virtual void stop_io() {}
 
   int self_;
   int peer_;

@@ -1,11 +1,18 @@
 #include "loom/comm/transport/tcp/tcp_pair.h"
 
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include "loom/core/error.h"
 #include "loom/core/tunable.h"
@@ -21,13 +28,58 @@ const IntTunable kTcpSockBuf(
 const IntTunable kTcpStreams("LOOM_TCP_STREAMS", 2, "TCP connections per pair of ranks (1..8)");
 const IntTunable kTcpStripe("LOOM_TCP_STRIPE", 512 << 10,
                             "bytes of payload per stripe when a pair has several TCP streams");
+// Off by default: on 2 cores, 2 ranks' allgather gained nothing with it (docs/perf.md).
+const IntTunable kTcpSendThread(
+    "LOOM_TCP_SEND_THREAD", 0,
+    "payload bytes from which a pair's send thread writes a message while the engine "
+    "receives (0 = never)");
 
 constexpr size_t kHdr = sizeof(FrameHeader);
+
+std::atomic<uint64_t> g_thread_bytes{0};  // payload bytes written by send threads
 
 bool would_block() {
   return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
 }
+
+net::Fd make_eventfd() {
+  int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (fd < 0) throw Error("eventfd failed: " + errno_text(errno));
+  return net::Fd(fd);
+}
+
+void signal_fd(const net::Fd& fd) {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t w = ::write(fd.get(), &one, sizeof one);
+}
+
+void drain_fd(const net::Fd& fd) {
+  uint64_t v;
+  [[maybe_unused]] ssize_t r = ::read(fd.get(), &v, sizeof v);
+}
 }  // namespace
+
+// The send thread. The engine sets `busy` and hands it a message (`job`, under `m`); the
+// thread takes it, writes it, stores `busy = false` (release) and signals `done_fd`, which
+// the engine polls. A failure is kept in `error` for the engine to rethrow. `cancel` (with
+// `wake_fd`) makes the thread give a message up; stop_io() waits until it has.
+struct TcpPair::Sender {
+  std::thread thread;
+  std::mutex m;
+  std::condition_variable cv;
+  SendReq* job = nullptr;     // guarded by m
+  bool stop = false;          // guarded by m
+  SendReq* handed = nullptr;  // the engine's own note of the message the thread has
+  std::atomic<bool> busy{false};
+  std::atomic<bool> cancel{false};
+  std::exception_ptr error;  // written by the thread before busy = false
+  net::Fd done_fd = make_eventfd();
+  net::Fd wake_fd = make_eventfd();
+};
+
+uint64_t TcpPair::bytes_sent_by_thread() {
+  return g_thread_bytes.load(std::memory_order_relaxed);
+}
 
 int TcpPair::default_streams() {
   auto k = kTcpStreams.get();
@@ -38,6 +90,11 @@ int TcpPair::default_streams() {
 }
 
 TcpPair::TcpPair(int self, int peer, std::vector<net::Fd> fds) : Pair(self, peer) {
+  const int64_t thread_min = kTcpSendThread.get();
+  if (thread_min < 0)
+    throw UserError("LOOM_TCP_SEND_THREAD=" + std::to_string(thread_min) + " is negative",
+                    "give the payload bytes from which a send thread writes, or 0 for never");
+  thread_min_ = static_cast<size_t>(thread_min);
   stripe_ = std::max<size_t>(4096, static_cast<size_t>(kTcpStripe.get()) & ~size_t{63});
   size_t staging = std::max<size_t>(4096, static_cast<size_t>(kTcpStaging.get()) & ~size_t{63});
   int sockbuf = static_cast<int>(kTcpSockBuf.get());
@@ -52,13 +109,25 @@ TcpPair::TcpPair(int self, int peer, std::vector<net::Fd> fds) : Pair(self, peer
 }
 
 TcpPair::~TcpPair() {
+  if (sender_ && sender_->thread.joinable()) {
+    {
+      std::lock_guard<std::mutex> lk(sender_->m);
+      sender_->stop = true;
+    }
+    sender_->cancel = true;
+    signal_fd(sender_->wake_fd);
+    sender_->cv.notify_one();
+    sender_->thread.join();
+  }
   for (auto& st : streams_)
     if (st.fd.valid()) ::shutdown(st.fd.get(), SHUT_WR);
 }
 
 void TcpPair::poll_fds(std::vector<pollfd>& out) const {
-  short events = static_cast<short>(POLLIN | (sending() ? POLLOUT : 0));
+  const bool handed = sender_ && sender_->busy.load(std::memory_order_acquire);
+  short events = static_cast<short>(POLLIN | (sending() && !handed ? POLLOUT : 0));
   for (const auto& st : streams_) out.push_back({st.fd.get(), events, 0});
+  if (sender_) out.push_back({sender_->done_fd.get(), POLLIN, 0});
 }
 
 void TcpPair::fail(const std::string& what, int err) {
@@ -95,44 +164,118 @@ bool TcpPair::progress() {
   return moved;
 }
 
+bool TcpPair::send_some(SendReq& r, bool* moved) {
+  bool all_done = true;
+  for (int s = 0; s < static_cast<int>(streams_.size()); ++s) {
+    Stream& st = streams_[s];
+    const size_t head = s == 0 ? kHdr : 0;
+    const size_t total = head + share(r.bytes, s);
+    while (st.tx < total) {
+      iovec iov[2];
+      int n = 0;
+      if (st.tx < head) iov[n++] = {reinterpret_cast<char*>(&r.header) + st.tx, head - st.tx};
+      size_t o = st.tx < head ? 0 : st.tx - head;
+      if (o < total - head) {
+        size_t run;
+        size_t at = payload_offset(o, s, r.bytes, &run);
+        iov[n++] = {static_cast<char*>(const_cast<void*>(r.buf)) + at, run};
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(n);
+      ssize_t w = ::sendmsg(st.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (w < 0) {
+        if (would_block()) break;
+        fail("failed while sending", errno);
+      }
+      *moved = true;
+      st.tx += static_cast<size_t>(w);
+    }
+    if (st.tx < total) all_done = false;
+  }
+  if (all_done)
+    for (auto& st : streams_) st.tx = 0;
+  return all_done;
+}
+
 bool TcpPair::progress_send() {
   bool moved = false;
   while (!sends_.empty()) {
     SendReq& r = *sends_.front();
-    bool all_done = true;
-    for (int s = 0; s < static_cast<int>(streams_.size()); ++s) {
-      Stream& st = streams_[s];
-      const size_t head = s == 0 ? kHdr : 0;
-      const size_t total = head + share(r.bytes, s);
-      while (st.tx < total) {
-        iovec iov[2];
-        int n = 0;
-        if (st.tx < head) iov[n++] = {reinterpret_cast<char*>(&r.header) + st.tx, head - st.tx};
-        size_t o = st.tx < head ? 0 : st.tx - head;
-        if (o < total - head) {
-          size_t run;
-          size_t at = payload_offset(o, s, r.bytes, &run);
-          iov[n++] = {static_cast<char*>(const_cast<void*>(r.buf)) + at, run};
-        }
-        msghdr msg{};
-        msg.msg_iov = iov;
-        msg.msg_iovlen = static_cast<size_t>(n);
-        ssize_t w = ::sendmsg(st.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (w < 0) {
-          if (would_block()) break;
-          fail("failed while sending", errno);
-        }
-        moved = true;
-        st.tx += static_cast<size_t>(w);
-      }
-      if (st.tx < total) all_done = false;
+    if (sender_ && sender_->busy.load(std::memory_order_acquire)) break;  // r is the thread's
+    if (sender_ && sender_->handed == &r) {  // the thread has written r (or failed)
+      drain_fd(sender_->done_fd);
+      sender_->handed = nullptr;
+      if (sender_->error) std::rethrow_exception(std::exchange(sender_->error, nullptr));
+    } else if (thread_min_ > 0 && r.bytes >= thread_min_) {
+      hand_over(r);
+      break;
+    } else if (!send_some(r, &moved)) {
+      break;
     }
-    if (!all_done) break;
-    for (auto& st : streams_) st.tx = 0;
+    moved = true;
     r.done = true;
     sends_.pop_front();
   }
   return moved;
+}
+
+void TcpPair::hand_over(SendReq& r) {
+  if (!sender_) {
+    sender_ = std::make_unique<Sender>();
+    sender_->thread = std::thread([this] { send_loop(); });
+  }
+  Sender& t = *sender_;
+  t.busy.store(true, std::memory_order_relaxed);
+  t.handed = &r;
+  {
+    std::lock_guard<std::mutex> lk(t.m);
+    t.job = &r;
+  }
+  t.cv.notify_one();
+}
+
+void TcpPair::send_loop() {
+  Sender& t = *sender_;
+  std::vector<pollfd> fds;
+  for (;;) {
+    SendReq* r;
+    {
+      std::unique_lock<std::mutex> lk(t.m);
+      t.cv.wait(lk, [&] { return t.stop || t.job; });
+      if (t.stop) return;
+      r = std::exchange(t.job, nullptr);
+    }
+    try {
+      bool moved = false;
+      bool all = false;
+      while (!t.cancel.load(std::memory_order_relaxed) && !(all = send_some(*r, &moved))) {
+        fds.clear();  // the streams with bytes left (a finished one is always writable)
+        for (int s = 0; s < static_cast<int>(streams_.size()); ++s)
+          if (streams_[s].tx < (s == 0 ? kHdr : 0) + share(r->bytes, s))
+            fds.push_back({streams_[s].fd.get(), POLLOUT, 0});
+        fds.push_back({t.wake_fd.get(), POLLIN, 0});
+        ::poll(fds.data(), fds.size(), 100);
+        if (fds.back().revents & POLLIN) drain_fd(t.wake_fd);
+      }
+      if (all) g_thread_bytes.fetch_add(r->bytes, std::memory_order_relaxed);
+    } catch (...) {
+      t.error = std::current_exception();
+    }
+    t.busy.store(false, std::memory_order_release);
+    signal_fd(t.done_fd);
+  }
+}
+
+void TcpPair::stop_io() {
+  if (!sender_ || !sender_->busy.load(std::memory_order_acquire)) return;
+  sender_->cancel = true;
+  signal_fd(sender_->wake_fd);
+  while (sender_->busy.load(std::memory_order_acquire)) std::this_thread::yield();
+  sender_->cancel = false;
+  drain_fd(sender_->done_fd);
+  sender_->handed = nullptr;
+  sender_->error = nullptr;
 }
 
 bool TcpPair::peek(FrameHeader* h) {

@@ -8,8 +8,17 @@
 // staging buffer per stream whose whole elements are reduced as they arrive. Other streams
 // are read only after stream 0's header has been checked, so a desynchronised sender
 // cannot write into the buffer.
+//
+// With LOOM_TCP_SEND_THREAD=N (bytes; 0, the default, for never), payloads of at least N
+// bytes are written by a send thread of the pair while the engine thread goes on receiving
+// (and reducing), so both directions of a link move at once, as two threads streaming over
+// a socket do. The engine hands the thread one message at a time and takes it back when the
+// thread says it is written; only the engine touches the request queues. Off by default:
+// on 2 cores it gained nothing over the one engine thread (docs/perf.md); it is for hosts
+// with a spare core per rank, where it is not measured yet.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "loom/comm/net/socket.h"
@@ -28,6 +37,8 @@ class TcpPair : public Pair {
   bool peek(FrameHeader* h) override;
 
   static int default_streams();
+  // Payload bytes the send threads of this process have written (for tests).
+  static uint64_t bytes_sent_by_thread();
 
  private:
   struct Stream {
@@ -43,7 +54,17 @@ class TcpPair : public Pair {
   size_t payload_offset(size_t o, int s, size_t bytes, size_t* run) const;
   bool progress_send();
   bool progress_recv();
+  // Writes what the sockets take of r's header and stripes; returns whether all is written
+  // (then the streams' counters are reset for the next message).
+  bool send_some(SendReq& r, bool* moved);
+  void hand_over(SendReq& r);  // to the send thread (started on first use)
+  void send_loop();            // the send thread's body
+  void stop_io() override;
   [[noreturn]] void fail(const std::string& what, int err);
+
+  struct Sender;  // the send thread and its hand-over state
+  std::unique_ptr<Sender> sender_;
+  size_t thread_min_;  // payload bytes from which the send thread writes (0: never)
 
   std::vector<Stream> streams_;
   size_t stripe_;
