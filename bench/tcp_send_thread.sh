@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # TCP send threads (issue 12 item 5): loom's 2-rank allgather over TCP with the send thread
-# off (LOOM_TCP_SEND_THREAD=0) and from 1 MiB / 4 MiB payloads (THRESHOLDS), beside the plain loopback
-# socket stream in both directions at once (bench/peers/tcp_stream.cc, BIDIR=1: a thread per
-# direction), in ROUNDS interleaved rounds; prints the medians.
+# off (LOOM_TCP_SEND_THREAD=0) and from 1 MiB / 4 MiB payloads (THRESHOLDS), beside the
+# plain loopback socket stream in both directions at once (bench/peers/tcp_stream.cc,
+# BIDIR=1: a thread per direction), in ROUNDS interleaved rounds, with the machine probe
+# before each; prints the medians.
 #
 #   bash bench/tcp_send_thread.sh [OUT_DIR]        (needs scripts/setup.sh and a build/)
 set -euo pipefail

@@ -148,6 +148,10 @@ size_t TcpPair::share(size_t bytes, int s) const {
   return out;
 }
 
+size_t TcpPair::outgoing(size_t bytes, int s) const {
+  return (s == 0 ? kHdr : 0) + share(bytes, s);
+}
+
 size_t TcpPair::payload_offset(size_t o, int s, size_t bytes, size_t* run) const {
   const size_t k = streams_.size();
   size_t q = o / stripe_, within = o % stripe_;
@@ -169,7 +173,7 @@ bool TcpPair::send_some(SendReq& r, bool* moved) {
   for (int s = 0; s < static_cast<int>(streams_.size()); ++s) {
     Stream& st = streams_[s];
     const size_t head = s == 0 ? kHdr : 0;
-    const size_t total = head + share(r.bytes, s);
+    const size_t total = outgoing(r.bytes, s);
     while (st.tx < total) {
       iovec iov[2];
       int n = 0;
@@ -252,7 +256,7 @@ void TcpPair::send_loop() {
       while (!t.cancel.load(std::memory_order_relaxed) && !(all = send_some(*r, &moved))) {
         fds.clear();  // the streams with bytes left (a finished one is always writable)
         for (int s = 0; s < static_cast<int>(streams_.size()); ++s)
-          if (streams_[s].tx < (s == 0 ? kHdr : 0) + share(r->bytes, s))
+          if (streams_[s].tx < outgoing(r->bytes, s))
             fds.push_back({streams_[s].fd.get(), POLLOUT, 0});
         fds.push_back({t.wake_fd.get(), POLLIN, 0});
         ::poll(fds.data(), fds.size(), 100);

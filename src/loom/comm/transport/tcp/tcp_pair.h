@@ -51,6 +51,8 @@ class TcpPair : public Pair {
   // Stream s's share of a `bytes`-byte payload, and where its byte `o` lies in the payload
   // (plus how many bytes from there stay on this stream contiguously).
   size_t share(size_t bytes, int s) const;
+  // Bytes stream s carries for a message of that payload: its share, and the header on 0.
+  size_t outgoing(size_t bytes, int s) const;
   size_t payload_offset(size_t o, int s, size_t bytes, size_t* run) const;
   bool progress_send();
   bool progress_recv();
