@@ -7,9 +7,12 @@
 // (n-1)/n; broadcast, reduce 1), the share of the copy limit reached (%lim) and #wrong. It
 // exits non-zero on any wrong element. The copy limit (limit(us)) is the time to write the
 // bytes each rank must write into its output — allreduce, broadcast, reduce: the message;
-// allgather, alltoall: the (n-1)/n of it from peers; reduce_scatter: its 1/n block — at the
-// memcpy bandwidth measured in the same run (one thread, 256 MiB; in-cache sizes can pass
-// 100%).
+// allgather, alltoall: all of it out of place, the (n-1)/n from peers in place;
+// reduce_scatter: its 1/n block — at the rank's share of the machine's copy bandwidth,
+// measured in the same run with all local ranks copying at once (min(ranks, cores) threads,
+// 256 MiB each, the faster of memcpy and non-temporal stores, divided by the local ranks):
+// every rank writes during a collective, so one thread's copy alone overstates what each
+// gets. In-cache sizes can pass 100%.
 //
 // --np N spawns N local ranks (this binary again) and hosts the store; without it, the
 // process joins a job started by `loom run`, mpirun or srun.
@@ -26,6 +29,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "loom/comm/bootstrap.h"
@@ -109,11 +113,16 @@ struct Case {
   double bus_factor;
   size_t size_bytes;  // what the row reports as size
   // Bytes each rank must write into its output, as a share of size_bytes: the copy limit
-  // (below) is that many bytes at the measured memcpy bandwidth.
+  // (below) is that many bytes at the rank's share of the measured copy bandwidth. Out of
+  // place, allgather and alltoall also write the rank's own block.
   double write_factor = 1;
+  bool own_block_out_of_place = false;
+  double writes(bool in_place) const {
+    return own_block_out_of_place && !in_place ? 1.0 : write_factor;
+  }
 
   static std::optional<Case> make(OpKind op, size_t bytes, int n, int rank, DType t) {
-    Case c{op, n, rank, t, dtype_size(t), 0, Algo::kAuto, 0, 0, 1.0, 0, 1.0};
+    Case c{op, n, rank, t, dtype_size(t), 0, Algo::kAuto, 0, 0, 1.0, 0, 1.0, false};
     size_t elems = bytes / c.es;
     switch (op) {
       case OpKind::kAllreduce:
@@ -129,6 +138,7 @@ struct Case {
         c.count = elems / n, c.in_elems = c.count, c.out_elems = c.count * n;
         c.bus_factor = double(n - 1) / n, c.size_bytes = c.count * n * c.es;
         c.write_factor = double(n - 1) / n;  // the peers' blocks
+        c.own_block_out_of_place = true;
         break;
       case OpKind::kAllgatherShared:  // busbw as allgather's, to compare with it
         c.count = elems / n, c.in_elems = c.count, c.out_elems = c.count * n;
@@ -144,6 +154,7 @@ struct Case {
         c.count = elems / n, c.in_elems = c.out_elems = c.count * n;
         c.bus_factor = double(n - 1) / n, c.size_bytes = c.count * n * c.es;
         c.write_factor = double(n - 1) / n;
+        c.own_block_out_of_place = true;
         break;
       default:
         return std::nullopt;
@@ -346,13 +357,18 @@ int run_rank(const BenchArgs& a) {
   if (rank == 0 && !a.json.empty() && !json)
     throw UserError("cannot write --json file '" + a.json + "'", "check the directory exists");
   bool table = rank == 0 && a.json != "-";
-  // The copy limit's bandwidth: measured by `loom bench --np`'s launcher before the job,
-  // else by rank 0 now (the other ranks idle at the first barrier meanwhile).
+  // The copy limit's bandwidth, each local rank's share of the machine's when all copy at
+  // once: measured by `loom bench --np`'s launcher before the job, else by rank 0 now for
+  // rank 0's machine (the other ranks idle at the first barrier meanwhile).
   double mcpy = 0;
-  if (const char* v = std::getenv("LOOM_BENCH_MEMCPY_GBPS")) mcpy = std::atof(v);
+  if (const char* v = std::getenv("LOOM_BENCH_MEMCPY_SHARE_GBPS")) mcpy = std::atof(v);
   if (rank == 0 && mcpy <= 0) {
-    mcpy = memcpy_gbps(256 << 20);
-    if (table) std::printf("# memcpy bandwidth (1 thread, 256 MiB): %.1f GB/s\n", mcpy);
+    const int local = static_cast<int>(comm->topology().local(0).size());
+    mcpy = memcpy_share_gbps(256 << 20, local);
+    if (table)
+      std::printf(
+          "# copy bandwidth per rank (%d local ranks copying at once, 256 MiB): %.1f GB/s\n", local,
+          mcpy);
   }
   if (table)
     std::printf("# %d ranks, %s; dtype %s; iters %d, warmup %d; times are medians over iters\n", n,
@@ -380,8 +396,12 @@ int run_rank(const BenchArgs& a) {
       Buf out = Buf::make(*comm, c->out_elems * c->es + 64, a.shared, machine);
       if (machine) c->machine = &out.machine;
       for (size_t i = 0; i < c->in_elems; ++i) store_element(*t, in.data(), i, value(rank, i));
-      // The copy limit: the bytes this rank must write, at the memcpy bandwidth.
-      const double limit_us = c->size_bytes * c->write_factor / (mcpy * 1e3);
+      // The copy limit: the bytes this rank must write, at its share of the copy bandwidth
+      // (the column shows out of place's; in place's %lim is against its own).
+      auto limit_us_of = [&](bool in_place) {
+        return c->size_bytes * c->writes(in_place) / (mcpy * 1e3);
+      };
+      const double limit_us = limit_us_of(false);
       Row rows[2];
       for (int ip = 0; ip < (machine ? 1 : 2); ++ip) {
         bool in_place = ip == 1;
@@ -391,7 +411,7 @@ int run_rank(const BenchArgs& a) {
         row.time_us = time_us;
         row.algbw = c->size_bytes / row.time_us / 1e3;
         row.busbw = row.algbw * c->bus_factor;
-        row.of_limit = limit_us / row.time_us;
+        row.of_limit = limit_us_of(in_place) / row.time_us;
         if (do_check) {
           int64_t w = c->check(*comm, in, out, in_place, *requested);
           comm->allreduce(&w, &row.wrong, 1, DType::kI64, ReduceOp::kSum);
@@ -408,7 +428,8 @@ int run_rank(const BenchArgs& a) {
                               {"time_us", row.time_us},
                               {"algbw", row.algbw},
                               {"busbw", row.busbw},
-                              {"limit_us", limit_us},
+                              {"limit_us", limit_us_of(in_place)},
+                              {"copy_gbps_per_rank", mcpy},
                               {"of_limit", row.of_limit},
                               {"wrong", do_check ? row.wrong : -1}};
           std::fprintf(json, "%s\n", j.dump().c_str());
@@ -448,13 +469,17 @@ int run_launcher(const BenchArgs& a) {
   const char* state_note =
       "  (usual ~50 ns; ~210 ns is the host's slow state where shm results drop 4-10x)";
   const double mcpy = memcpy_gbps(256 << 20);
+  const double share = memcpy_share_gbps(256 << 20, a.np);
   if (a.json != "-") {
-    std::printf("# memcpy bandwidth (1 thread, 256 MiB): %.1f GB/s\n", mcpy);
+    std::printf(
+        "# copy bandwidth (256 MiB, the faster of memcpy and non-temporal stores): 1 "
+        "thread %.1f GB/s; per rank with %d copying at once %.1f GB/s (the copy limit's)\n",
+        mcpy, a.np, share);
     std::printf("# core-to-core flag latency before: %.0f ns%s\n", flag_latency_ns(), state_note);
     std::fflush(stdout);
   }
   launch::LaunchOptions lo;
-  lo.env["LOOM_BENCH_MEMCPY_GBPS"] = std::to_string(mcpy);
+  lo.env["LOOM_BENCH_MEMCPY_SHARE_GBPS"] = std::to_string(share);
   lo.nprocs = a.np;
   lo.argv = {launch::self_exe(), "bench"};
   lo.argv.insert(lo.argv.end(), a.forwarded.begin(), a.forwarded.end());
@@ -534,8 +559,10 @@ std::function<int()> add_bench_command(CLI::App& app) {
       return 0;
     }
     if (args->probe) {
-      std::printf("{\"memcpy_gbps\":%.2f,\"flag_latency_ns\":%.1f}\n", memcpy_gbps(256 << 20),
-                  flag_latency_ns());
+      const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      std::printf(
+          "{\"memcpy_gbps\":%.2f,\"memcpy_gbps_all_cores\":%.2f,\"flag_latency_ns\":%.1f}\n",
+          memcpy_gbps(256 << 20), memcpy_gbps_together(256 << 20, cores), flag_latency_ns());
       return 0;
     }
     if (b->count("--json") && args->json.empty()) args->json = "-";

@@ -5,25 +5,67 @@
 
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstring>
 #include <thread>
 #include <vector>
 
-namespace loom::apps {
+#include "loom/comm/reduce.h"
 
-double memcpy_gbps(size_t bytes, int reps) {
-  std::vector<char> a(bytes, 1), b(bytes, 2);
-  std::vector<double> rates;
-  for (int i = 0; i < reps; ++i) {
+namespace loom::apps {
+namespace {
+// Median bytes copied per second by `threads` threads at once (GB/s in all), through glibc's
+// memcpy or loom's non-temporal copy.
+double copy_gbps_together(size_t bytes, int threads, int reps, bool streaming) {
+  threads = std::max(threads, 1);
+  struct Copier {
+    std::vector<char> a, b;
+    double seconds = 0;
+  };
+  std::vector<Copier> copiers(threads);
+  for (auto& c : copiers) c.a.assign(bytes, 1), c.b.assign(bytes, 2);
+  auto copy = [&](Copier& c) {
     auto t0 = std::chrono::steady_clock::now();
-    std::memcpy(b.data(), a.data(), bytes);
-    auto t1 = std::chrono::steady_clock::now();
-    rates.push_back(bytes / std::chrono::duration<double>(t1 - t0).count() / 1e9);
-    std::swap(a, b);
+    if (streaming)
+      comm::copy_streaming(c.b.data(), c.a.data(), bytes);
+    else
+      std::memcpy(c.b.data(), c.a.data(), bytes);
+    c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::swap(c.a, c.b);
+  };
+  std::vector<double> rates;
+  std::barrier start(threads);
+  for (int i = 0; i < reps; ++i) {
+    std::vector<std::thread> others;
+    for (int t = 1; t < threads; ++t)
+      others.emplace_back([&, t] { start.arrive_and_wait(), copy(copiers[t]); });
+    start.arrive_and_wait();
+    copy(copiers[0]);
+    for (auto& th : others) th.join();
+    double slowest = 0;
+    for (const auto& c : copiers) slowest = std::max(slowest, c.seconds);
+    rates.push_back(double(bytes) * threads / slowest / 1e9);
   }
   std::sort(rates.begin(), rates.end());
   return rates[rates.size() / 2];
+}
+
+}  // namespace
+
+double memcpy_gbps(size_t bytes, int reps) {
+  return memcpy_gbps_together(bytes, 1, reps);
+}
+
+double memcpy_gbps_together(size_t bytes, int threads, int reps) {
+  return std::max(copy_gbps_together(bytes, threads, reps, false),
+                  copy_gbps_together(bytes, threads, reps, true));
+}
+
+double memcpy_share_gbps(size_t bytes, int ranks, int reps) {
+  ranks = std::max(ranks, 1);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return memcpy_gbps_together(bytes, std::min(ranks, cores), reps) / ranks;
 }
 
 namespace {

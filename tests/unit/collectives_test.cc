@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "loom/comm/communicator.h"
+#include "loom/comm/reduce.h"
 #include "loom/comm/transport/shm/shm_pair.h"
 #include "loom/comm/transport/tcp/tcp_pair.h"
 #include "loom/core/cpus.h"
@@ -160,6 +161,52 @@ TEST(TcpSendThread, SweepWithEveryPayloadOnTheThread) {
   }
   ::unsetenv("LOOM_TCP_SEND_THREAD");
   EXPECT_GT(comm::TcpPair::bytes_sent_by_thread(), before);
+}
+
+// Non-temporal copies (LOOM_STREAMING_COPY_MIN=1: every received message and every own
+// block copied in the background): the sweep over the shm rings (up to several chunks per
+// message), shared buffers read in place, TCP and two levels, with odd counts (unaligned
+// heads and tails).
+TEST(StreamingCopies, SweepWithEveryMessageStreamed) {
+  ::setenv("LOOM_STREAMING_COPY_MIN", "1", 1);
+  ::setenv("LOOM_SHM_SHARED_MIN", "1", 1);
+  ::setenv("LOOM_SHM_SHARED_MIN_ALLREDUCE", "1", 1);
+  const uint64_t before = comm::bytes_streamed();
+  for (auto [layout, n] :
+       {std::pair{Layout::kShm, 2}, {Layout::kShm, 3}, {Layout::kTcp, 2}, {Layout::kHier, 4}}) {
+    std::string name = std::string("streaming-") + layout_name(layout) + std::to_string(n);
+    std::vector<size_t> counts{0, 1, 7, 1031, static_cast<size_t>(n) * 13 + 3};
+    std::vector<size_t> heap_counts = counts;
+    heap_counts.push_back(70001);  // several ring chunks per message
+    run_ranks(n, layout, name, [&](Communicator& c) {
+      int wrong = sweep(c, heap_counts, name, [](const std::string& m) { ADD_FAILURE() << m; });
+      wrong += sweep_shared(c, counts, name, [](const std::string& m) { ADD_FAILURE() << m; });
+      EXPECT_EQ(wrong, 0) << name << " rank " << c.rank();
+    });
+  }
+  ::unsetenv("LOOM_STREAMING_COPY_MIN");
+  ::unsetenv("LOOM_SHM_SHARED_MIN");
+  ::unsetenv("LOOM_SHM_SHARED_MIN_ALLREDUCE");
+  EXPECT_GT(comm::bytes_streamed(), before);
+}
+
+// copy_streaming equals memcpy at every alignment of source and destination and every
+// length around the line size, and leaves the bytes around the destination alone.
+TEST(StreamingCopies, EqualsMemcpyAtEveryAlignment) {
+  std::vector<unsigned char> src(4096 + 128), dst(4096 + 256);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 3);
+  for (size_t so = 0; so < 64; so += 5)
+    for (size_t d_off = 0; d_off < 64; d_off += 3)
+      for (size_t len : {0, 1, 63, 64, 65, 127, 128, 200, 1000, 4096}) {
+        std::fill(dst.begin(), dst.end(), 0xEE);
+        comm::copy_streaming(dst.data() + 64 + d_off, src.data() + so, len);
+        for (size_t i = 0; i < dst.size(); ++i) {
+          const bool inside = i >= 64 + d_off && i < 64 + d_off + len;
+          const unsigned char want = inside ? src[so + i - 64 - d_off] : 0xEE;
+          ASSERT_EQ(dst[i], want) << "src +" << so << " dst +" << d_off << " len " << len
+                                  << " byte " << i;
+        }
+      }
 }
 
 // A send the thread is writing when its deadline passes (the receiver never receives, and

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "loom/comm/reduce.h"
 #include "loom/core/check.h"
 #include "loom/core/error.h"
 
@@ -36,7 +37,8 @@ Exec::Exec(int rank, int size, std::vector<std::unique_ptr<Pair>>& pairs, const 
       scratch_(scratch),
       sends_(queues.sends),
       recvs_(queues.recvs),
-      copies_(queues.copies) {}
+      copies_(queues.copies),
+      streaming_min_(queues.streaming_min) {}
 
 // Empty for the next operation (every Exec ends here, an operation that threw too);
 // clear() keeps a deque's map and first block.
@@ -62,7 +64,13 @@ SendReq* Exec::send(int peer, const void* buf, size_t bytes) {
 }
 
 RecvReq* Exec::recv(int peer, void* dst, size_t bytes, const RecvReq* after) {
-  return recv_reduce(peer, dst, nullptr, bytes, after);
+  RecvReq* r = recv_reduce(peer, dst, nullptr, bytes, after);
+  // Large plain receives stream past the cache, except into the scratch buffer, which the
+  // algorithm reads right back (a reduction's operand).
+  const auto* d = static_cast<const std::byte*>(dst);
+  const bool scratch = d >= scratch_.data() && d < scratch_.data() + scratch_.size();
+  r->streaming = bytes >= streaming_min_ && !scratch;
+  return r;
 }
 
 RecvReq* Exec::recv_reduce(int peer, void* dst, const void* a, size_t bytes, const RecvReq* after) {
@@ -82,7 +90,8 @@ RecvReq* Exec::recv_reduce(int peer, void* dst, const void* a, size_t bytes, con
 
 void Exec::copy_in_background(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes)
-    copies_.push_back({static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes});
+    copies_.push_back({static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes,
+                       bytes >= streaming_min_});
 }
 
 bool Exec::copy_some() {
@@ -90,7 +99,10 @@ bool Exec::copy_some() {
   constexpr size_t kPiece = 256 << 10;
   ExecQueues::Copy& c = copies_.front();
   size_t n = std::min(kPiece, c.left);
-  std::memcpy(c.dst, c.src, n);
+  if (c.streaming)
+    copy_streaming(c.dst, c.src, n);
+  else
+    std::memcpy(c.dst, c.src, n);
   c.dst += n;
   c.src += n;
   c.left -= n;

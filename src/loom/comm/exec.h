@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "loom/comm/reduce.h"
 #include "loom/comm/topology.h"
 #include "loom/comm/transport/pair.h"
 #include "loom/core/deadline.h"
@@ -36,10 +37,12 @@ struct ExecQueues {
     std::byte* dst;
     const std::byte* src;
     size_t left;
+    bool streaming;  // at least streaming_min bytes: non-temporal stores
   };
   std::deque<SendReq> sends;
   std::deque<RecvReq> recvs;
   std::deque<Copy> copies;
+  size_t streaming_min = streaming_copy_min();  // read when the communicator is built
 };
 
 class Exec {
@@ -102,6 +105,7 @@ class Exec {
   std::deque<SendReq>& sends_;  // in ExecQueues, emptied when this Exec ends
   std::deque<RecvReq>& recvs_;
   std::deque<ExecQueues::Copy>& copies_;
+  size_t streaming_min_;
 };
 
 }  // namespace loom::comm

@@ -1,13 +1,24 @@
 #include "loom/comm/reduce.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "loom/core/check.h"
+#include "loom/core/tunable.h"
 
 namespace loom::comm {
 namespace {
+
+const IntTunable kStreamingMin(
+    "LOOM_STREAMING_COPY_MIN", 8 << 20,
+    "a received message (or a rank's own block copied into an allgather's output) of at least "
+    "this many bytes is written with non-temporal stores; 0 = never (docs/perf.md)");
 
 template <typename T>
 inline T combine(T x, T y, ReduceOp op) {
@@ -163,8 +174,73 @@ void finish_avg(void* buf, size_t count, DType dtype, int n) {
   }
 }
 
+size_t streaming_copy_min() {
+  const int64_t v = kStreamingMin.get();
+  return v <= 0 ? SIZE_MAX : static_cast<size_t>(v);
+}
+
 void copy_bytes(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes) std::memcpy(dst, src, bytes);
 }
+
+#if defined(__x86_64__)
+namespace {
+// Whole 64-byte lines from s to the line-aligned d with streaming stores.
+__attribute__((target("avx2"))) void stream_lines_avx2(std::byte* d, const std::byte* s,
+                                                       size_t lines) {
+  for (size_t i = 0; i < lines; ++i, d += 64, s += 64) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+    const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d), x);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 32), y);
+  }
+}
+
+void stream_lines_sse2(std::byte* d, const std::byte* s, size_t lines) {
+  for (size_t i = 0; i < lines; ++i, d += 64, s += 64) {
+    __m128i v[4];
+    for (int k = 0; k < 4; ++k)
+      v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16 * k));
+    for (int k = 0; k < 4; ++k) _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16 * k), v[k]);
+  }
+}
+
+std::atomic<uint64_t> g_streamed{0};
+
+bool has_avx2() {
+  static const bool yes = (__builtin_cpu_init(), __builtin_cpu_supports("avx2"));
+  return yes;
+}
+}  // namespace
+
+void copy_streaming(void* dst, const void* src, size_t bytes) {
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+  if (d == s || bytes == 0) return;
+  g_streamed.fetch_add(bytes, std::memory_order_relaxed);
+  const size_t head = (64 - reinterpret_cast<uintptr_t>(d) % 64) % 64;
+  if (bytes < head + 64) return std::memcpy(d, s, bytes), void();
+  std::memcpy(d, s, head);
+  d += head, s += head, bytes -= head;
+  const size_t lines = bytes / 64;
+  if (has_avx2())
+    stream_lines_avx2(d, s, lines);
+  else
+    stream_lines_sse2(d, s, lines);
+  _mm_sfence();
+  std::memcpy(d + lines * 64, s + lines * 64, bytes % 64);
+}
+
+uint64_t bytes_streamed() {
+  return g_streamed.load(std::memory_order_relaxed);
+}
+#else
+void copy_streaming(void* dst, const void* src, size_t bytes) {
+  copy_bytes(dst, src, bytes);
+}
+uint64_t bytes_streamed() {
+  return 0;
+}
+#endif
 
 }  // namespace loom::comm

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "loom/comm/types.h"
 #include "loom/core/dtype.h"
@@ -16,8 +17,19 @@ void reduce_into(void* dst, const void* a, const void* b, size_t count, DType dt
 // buf[i] /= n, for ReduceOp::kAvg after the sum has been formed (integers truncate).
 void finish_avg(void* buf, size_t count, DType dtype, int n);
 
-// memcpy that skips dst == src (in-place calls); one function so that a non-temporal
-// variant can replace it where that pays off (large final outputs, PERF-NOTES item 4).
+// memcpy that skips dst == src (in-place calls).
 void copy_bytes(void* dst, const void* src, size_t bytes);
+
+// copy_bytes with non-temporal stores: the destination's lines go to memory without being
+// read first and without displacing the cache. For large final outputs, which the copy
+// would evict before anyone reads them anyway (PERF-NOTES item 4; docs/perf.md). The
+// stores are ordered (sfence) before it returns, so a later release store publishes them.
+void copy_streaming(void* dst, const void* src, size_t bytes);
+// Bytes copy_streaming has written with non-temporal stores in this process (for tests).
+uint64_t bytes_streamed();
+
+// LOOM_STREAMING_COPY_MIN: messages of at least this many bytes are copied with
+// copy_streaming (SIZE_MAX when off). Read when a communicator is built.
+size_t streaming_copy_min();
 
 }  // namespace loom::comm

@@ -44,7 +44,10 @@ Fingerprint FrameHeader::fingerprint() const {
 void Pair::deliver_at(RecvReq& r, size_t off, const void* src, size_t len) {
   auto* dst = static_cast<std::byte*>(r.dst) + off;
   if (r.a == nullptr) {
-    std::memcpy(dst, src, len);
+    if (r.streaming)
+      copy_streaming(dst, src, len);
+    else
+      std::memcpy(dst, src, len);
   } else {
     size_t es = dtype_size(r.dtype);
     const auto* a = static_cast<const std::byte*>(r.a) + off;
