@@ -163,10 +163,10 @@ TEST(TcpSendThread, SweepWithEveryPayloadOnTheThread) {
   EXPECT_GT(comm::TcpPair::bytes_sent_by_thread(), before);
 }
 
-// Non-temporal copies (LOOM_STREAMING_COPY_MIN=1: every received message and every own
-// block copied in the background): the sweep over the shm rings (up to several chunks per
-// message), shared buffers read in place, TCP and two levels, with odd counts (unaligned
-// heads and tails).
+// Non-temporal copies (LOOM_STREAMING_COPY_MIN=1: every operation streams its plain copies
+// of 64 KiB and up — receives and own blocks copied in the background): the sweep over the
+// shm rings (70001 elements: several chunks per message, odd block boundaries), shared
+// buffers read in place, TCP and two levels.
 TEST(StreamingCopies, SweepWithEveryMessageStreamed) {
   ::setenv("LOOM_STREAMING_COPY_MIN", "1", 1);
   ::setenv("LOOM_SHM_SHARED_MIN", "1", 1);

@@ -38,7 +38,8 @@ Exec::Exec(int rank, int size, std::vector<std::unique_ptr<Pair>>& pairs, const 
       sends_(queues.sends),
       recvs_(queues.recvs),
       copies_(queues.copies),
-      streaming_min_(queues.streaming_min) {}
+      streaming_(fp.count * dtype_size(fp.dtype) * (fp.op == OpKind::kAlltoall ? size : 1) >=
+                 queues.streaming_min) {}
 
 // Empty for the next operation (every Exec ends here, an operation that threw too);
 // clear() keeps a deque's map and first block.
@@ -65,11 +66,11 @@ SendReq* Exec::send(int peer, const void* buf, size_t bytes) {
 
 RecvReq* Exec::recv(int peer, void* dst, size_t bytes, const RecvReq* after) {
   RecvReq* r = recv_reduce(peer, dst, nullptr, bytes, after);
-  // Large plain receives stream past the cache, except into the scratch buffer, which the
-  // algorithm reads right back (a reduction's operand).
+  // A large operation's plain receives stream past the cache, except small ones and those
+  // into the scratch buffer, which the algorithm reads right back (a reduction's operand).
   const auto* d = static_cast<const std::byte*>(dst);
   const bool scratch = d >= scratch_.data() && d < scratch_.data() + scratch_.size();
-  r->streaming = bytes >= streaming_min_ && !scratch;
+  r->streaming = streaming_ && bytes >= kStreamingPieceMin && !scratch;
   return r;
 }
 
@@ -91,7 +92,7 @@ RecvReq* Exec::recv_reduce(int peer, void* dst, const void* a, size_t bytes, con
 void Exec::copy_in_background(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes)
     copies_.push_back({static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes,
-                       bytes >= streaming_min_});
+                       streaming_ && bytes >= kStreamingPieceMin});
 }
 
 bool Exec::copy_some() {

@@ -37,12 +37,15 @@ struct ExecQueues {
     std::byte* dst;
     const std::byte* src;
     size_t left;
-    bool streaming;  // at least streaming_min bytes: non-temporal stores
+    bool streaming;  // non-temporal stores (a large operation's large copy)
   };
   std::deque<SendReq> sends;
   std::deque<RecvReq> recvs;
   std::deque<Copy> copies;
-  size_t streaming_min = streaming_copy_min();  // read when the communicator is built
+  // Operations of at least this many bytes (LOOM_STREAMING_COPY_MIN; an allgather's or
+  // alltoall's whole output) write their large plain copies with non-temporal stores. Read
+  // when the communicator is built.
+  size_t streaming_min = streaming_copy_min();
 };
 
 class Exec {
@@ -105,7 +108,9 @@ class Exec {
   std::deque<SendReq>& sends_;  // in ExecQueues, emptied when this Exec ends
   std::deque<RecvReq>& recvs_;
   std::deque<ExecQueues::Copy>& copies_;
-  size_t streaming_min_;
+  bool streaming_;  // this operation is large enough to stream (ExecQueues::streaming_min)
+  // Copies below this stay plain even in a streaming operation (small pieces, headers).
+  static constexpr size_t kStreamingPieceMin = 64 << 10;
 };
 
 }  // namespace loom::comm

@@ -17,8 +17,9 @@ namespace {
 
 const IntTunable kStreamingMin(
     "LOOM_STREAMING_COPY_MIN", 8 << 20,
-    "a received message (or a rank's own block copied into an allgather's output) of at least "
-    "this many bytes is written with non-temporal stores; 0 = never (docs/perf.md)");
+    "a collective of at least this many bytes (allgather, alltoall: its whole output) writes "
+    "its shared-memory receives and own block into the output with non-temporal stores; "
+    "0 = never (docs/perf.md)");
 
 template <typename T>
 inline T combine(T x, T y, ReduceOp op) {

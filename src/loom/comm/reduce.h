@@ -28,8 +28,8 @@ void copy_streaming(void* dst, const void* src, size_t bytes);
 // Bytes copy_streaming has written with non-temporal stores in this process (for tests).
 uint64_t bytes_streamed();
 
-// LOOM_STREAMING_COPY_MIN: messages of at least this many bytes are copied with
-// copy_streaming (SIZE_MAX when off). Read when a communicator is built.
+// LOOM_STREAMING_COPY_MIN: collectives of at least this many bytes copy their large plain
+// receives with copy_streaming (SIZE_MAX when off). Read when a communicator is built.
 size_t streaming_copy_min();
 
 }  // namespace loom::comm
