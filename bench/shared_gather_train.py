@@ -12,7 +12,11 @@ per rank (off), in one run (docs/perf.md "The machine-shared allgather"):
     /usr/bin/python3 bench/shared_gather_train.py LOOM DATA_DIR [--models small gpt2-124m]
         [--ranks 2 4] [--steps 4] [--rounds 2]
 
-Modes alternate within each round (auto, off, auto, ...) so both see the same machine state.
+With --ab-env VAR=VALUE it compares instead the default environment ("off" column) with
+VAR=VALUE set ("on"), at --zero Z (3 or 0) and zero.shared_gather = --shared-gather (off),
+e.g. non-temporal stores: --ab-env LOOM_STREAMING_COPY_MIN=0 (then "on" is streaming off).
+
+Modes alternate within each round (on, off, on, ...) so both see the same machine state.
 Prints a markdown table.
 """
 import argparse
@@ -52,17 +56,25 @@ def pss_kib(pid):
     return 0
 
 
-def run(loom, data, model, n, mode, steps):
+def run(loom, data, model, n, mode, steps, ab_env=None, zero=3, shared_gather="off"):
+    """mode "auto"/"off": zero.shared_gather (ZeRO-3). With ab_env: "auto" sets it, "off"
+    runs the default environment, both at `zero` with `shared_gather`."""
+    env = dict(os.environ)
+    if ab_env:
+        if mode == "auto":
+            var, value = ab_env.split("=", 1)
+            env[var] = value
+        mode = shared_gather
     run_dir = tempfile.mkdtemp(prefix="loom-sg-bench-")
     shutil.rmtree(run_dir)
     cmd = [loom, "run", "-n", str(n), loom, "train", "--set", "model.name=" + model,
            "--set", "data.path=" + data, "--set", "run.dir=" + run_dir,
            "--set", "train.steps=%d" % (steps + 1), "--set", "train.micro_batch=1",
            "--set", "train.global_batch=%d" % n, "--set", "train.seq_len=%d" % SEQ[model],
-           "--set", "train.threads=1", "--set", "train.zero=3",
+           "--set", "train.threads=1", "--set", "train.zero=%d" % zero,
            "--set", "zero.shared_gather=" + mode, "--set", "eval.every=0",
            "--set", "ckpt.every=0", "--quiet"]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
     peak = 0
     while p.poll() is None:
         ranks = [q for q in descendants(p.pid)]
@@ -87,17 +99,25 @@ def main():
     ap.add_argument("--ranks", nargs="+", type=int, default=[2, 4])
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--ab-env", help="VAR=VALUE: compare the default environment with it set")
+    ap.add_argument("--zero", type=int, default=3, help="with --ab-env: train.zero")
+    ap.add_argument("--shared-gather", default="off", help="with --ab-env: zero.shared_gather")
     a = ap.parse_args()
     res = {}
     for rnd in range(a.rounds):
         for model in a.models:
             for n in a.ranks:
                 for mode in (("auto", "off") if rnd % 2 == 0 else ("off", "auto")):
-                    r = run(a.loom, a.data, model, n, mode, a.steps)
+                    r = run(a.loom, a.data, model, n, mode, a.steps, a.ab_env, a.zero,
+                            a.shared_gather)
                     res.setdefault((model, n, mode), []).append(r)
                     print("# round %d %s n=%d %s: %s" % (rnd + 1, model, n, mode, r), flush=True)
-    print("\n| model | ranks | step ms off → shared | shared/off | comm wait ms off → shared "
-          "| model state MiB/rank off → shared | machine Pss MiB off → shared |")
+    on_name = a.ab_env or "shared"
+    if a.ab_env:
+        print("\n(zero %d, zero.shared_gather=%s)" % (a.zero, a.shared_gather))
+    off_name = "default" if a.ab_env else "off"
+    print("\n| model | ranks | step ms {1} → {0} | {0}/{1} | comm wait ms {1} → {0} "
+          "| model state MiB/rank {1} → {0} | machine Pss MiB {1} → {0} |".format(on_name, off_name))
     print("|---|---:|---|---:|---|---|---|")
     for model in a.models:
         for n in a.ranks:
