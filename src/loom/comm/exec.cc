@@ -70,7 +70,7 @@ RecvReq* Exec::recv(int peer, void* dst, size_t bytes, const RecvReq* after) {
   // into the scratch buffer, which the algorithm reads right back (a reduction's operand).
   const auto* d = static_cast<const std::byte*>(dst);
   const bool scratch = d >= scratch_.data() && d < scratch_.data() + scratch_.size();
-  r->streaming = streaming_ && bytes >= kStreamingPieceMin && !scratch;
+  r->streaming = streams(bytes) && !scratch;
   return r;
 }
 
@@ -91,8 +91,8 @@ RecvReq* Exec::recv_reduce(int peer, void* dst, const void* a, size_t bytes, con
 
 void Exec::copy_in_background(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes)
-    copies_.push_back({static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes,
-                       streaming_ && bytes >= kStreamingPieceMin});
+    copies_.push_back(
+        {static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes, streams(bytes)});
 }
 
 bool Exec::copy_some() {

@@ -111,6 +111,8 @@ class Exec {
   bool streaming_;  // this operation is large enough to stream (ExecQueues::streaming_min)
   // Copies below this stay plain even in a streaming operation (small pieces, headers).
   static constexpr size_t kStreamingPieceMin = 64 << 10;
+  // Whether a plain copy of `bytes` in this operation uses non-temporal stores.
+  bool streams(size_t bytes) const { return streaming_ && bytes >= kStreamingPieceMin; }
 };
 
 }  // namespace loom::comm

@@ -218,12 +218,12 @@ void copy_streaming(void* dst, const void* src, size_t bytes) {
   auto* d = static_cast<std::byte*>(dst);
   const auto* s = static_cast<const std::byte*>(src);
   if (d == s || bytes == 0) return;
-  g_streamed.fetch_add(bytes, std::memory_order_relaxed);
   const size_t head = (64 - reinterpret_cast<uintptr_t>(d) % 64) % 64;
   if (bytes < head + 64) return std::memcpy(d, s, bytes), void();
   std::memcpy(d, s, head);
   d += head, s += head, bytes -= head;
   const size_t lines = bytes / 64;
+  g_streamed.fetch_add(lines * 64, std::memory_order_relaxed);
   if (has_avx2())
     stream_lines_avx2(d, s, lines);
   else
