@@ -209,6 +209,62 @@ TEST(StreamingCopies, EqualsMemcpyAtEveryAlignment) {
       }
 }
 
+// reduce_streaming gives reduce_into's bits for every dtype and op, at every alignment of
+// the destination, lengths around its 1 KiB pieces, and with dst aliasing an operand.
+TEST(StreamingCopies, ReduceEqualsReduceIntoForEveryDtypeAndOp) {
+  for (int t = 0; t < static_cast<int>(DType::kCount); ++t)
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax}) {
+      const auto dtype = static_cast<DType>(t);
+      const size_t es = dtype_size(dtype);
+      std::vector<unsigned char> a(5000 * es), b(a.size());
+      for (size_t i = 0; i < 5000; ++i) {  // floats get fractions, so bf16/f16 round
+        const double frac = dtype_is_float(dtype) ? (i % 7) * 0.3 : 0;
+        store(dtype, a.data(), i, input_value(op, 0, i) + frac);
+        store(dtype, b.data(), i, input_value(op, 1, i) + frac);
+      }
+      for (size_t d_off = 0; d_off < 64; d_off += es * 3)
+        for (size_t count :
+             std::initializer_list<size_t>{0, 1, 100, 1024 / es + 31, 2048 / es, 3000, 5000}) {
+          std::vector<unsigned char> want(a.size() + 64, 0xEE), got(want);
+          comm::reduce_into(want.data() + d_off, a.data(), b.data(), count, dtype, op);
+          comm::reduce_streaming(got.data() + d_off, a.data(), b.data(), count, dtype, op);
+          ASSERT_EQ(got, want) << dtype_name(dtype) << " " << reduce_op_name(op) << " dst +"
+                               << d_off << " count " << count;
+          std::vector<unsigned char> in_place(a);  // dst == a
+          comm::reduce_streaming(in_place.data(), in_place.data(), b.data(), count, dtype, op);
+          ASSERT_EQ(0, std::memcmp(in_place.data(), want.data() + d_off, count * es))
+              << dtype_name(dtype) << " " << reduce_op_name(op) << " in place, count " << count;
+        }
+    }
+}
+
+// A large reduce_scatter out of place writes its reductions with streaming stores (it has no
+// plain copies, so the counter moves only through them); in place it keeps plain stores.
+TEST(StreamingCopies, ReductionsStreamOutOfPlaceOnly) {
+  ::setenv("LOOM_STREAMING_COPY_MIN", "1", 1);
+  const size_t count = 1 << 16;  // 256 KiB per rank's block
+  for (bool in_place : {false, true}) {
+    std::atomic<uint64_t> streamed{0};
+    run_ranks(2, Layout::kShm, in_place ? "rs-stream-inplace" : "rs-stream", [&](Communicator& c) {
+      std::vector<float> in(2 * count), out(count);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 97 + c.rank());
+      float* dst = in_place ? in.data() + c.rank() * count : out.data();
+      c.barrier();
+      const uint64_t before = comm::bytes_streamed();
+      c.reduce_scatter(in.data(), dst, count, DType::kF32, ReduceOp::kSum);
+      if (c.rank() == 0) streamed = comm::bytes_streamed() - before;
+      c.barrier();
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(dst[i], static_cast<float>(2 * ((c.rank() * count + i) % 97) + 1)) << i;
+    });
+    if (in_place)
+      EXPECT_EQ(streamed.load(), 0u);
+    else
+      EXPECT_GT(streamed.load(), 0u);
+  }
+  ::unsetenv("LOOM_STREAMING_COPY_MIN");
+}
+
 // A send the thread is writing when its deadline passes (the receiver never receives, and
 // 64 MiB do not fit the sockets' buffers): the send fails with the timeout, and the thread
 // lets go of the buffer, which is freed at once (ASan would see a later read).

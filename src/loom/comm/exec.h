@@ -113,6 +113,11 @@ class Exec {
   static constexpr size_t kStreamingPieceMin = 64 << 10;
   // Whether a plain copy of `bytes` in this operation uses non-temporal stores.
   bool streams(size_t bytes) const { return streaming_ && bytes >= kStreamingPieceMin; }
+  // Receives into the scratch buffer are read right back by the algorithm: never streamed.
+  bool in_scratch(const void* p) const {
+    const auto* b = static_cast<const std::byte*>(p);
+    return b >= scratch_.data() && b < scratch_.data() + scratch_.size();
+  }
 };
 
 }  // namespace loom::comm

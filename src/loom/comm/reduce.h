@@ -25,7 +25,12 @@ void copy_bytes(void* dst, const void* src, size_t bytes);
 // would evict before anyone reads them anyway (PERF-NOTES item 4; docs/perf.md). The
 // stores are ordered (sfence) before it returns, so a later release store publishes them.
 void copy_streaming(void* dst, const void* src, size_t bytes);
-// Bytes copy_streaming has written with non-temporal stores in this process (for tests).
+// reduce_into with non-temporal stores for the whole 64-byte lines of dst (same bits; dst
+// may alias a or b), for a large reduction's final output. Ordered before it returns.
+void reduce_streaming(void* dst, const void* a, const void* b, size_t count, DType dtype,
+                      ReduceOp op);
+// Bytes copy_streaming and reduce_streaming have written with non-temporal stores in this process
+// (for tests).
 uint64_t bytes_streamed();
 
 // LOOM_STREAMING_COPY_MIN: collectives of at least this many bytes copy their large plain

@@ -51,7 +51,10 @@ void Pair::deliver_at(RecvReq& r, size_t off, const void* src, size_t len) {
   } else {
     size_t es = dtype_size(r.dtype);
     const auto* a = static_cast<const std::byte*>(r.a) + off;
-    reduce_into(dst, a, src, len / es, r.dtype, r.redop);
+    if (r.streaming)
+      reduce_streaming(dst, a, src, len / es, r.dtype, r.redop);
+    else
+      reduce_into(dst, a, src, len / es, r.dtype, r.redop);
   }
   r.got += len;
 }

@@ -202,6 +202,7 @@ ShmPair::ShmPair(int self, int peer, shm::Segment seg, int side)
   mask_ = ring_bytes_ - 1;
   chunk_ = std::max<size_t>(kSlot, static_cast<size_t>(kShmChunk.get()) & ~(kSlot - 1));
   single_copy_min_ = static_cast<size_t>(std::max<int64_t>(0, kSingleCopy.get()));
+  read_piece_ = static_cast<size_t>(std::max<int64_t>(4096, kReadPiece.get())) & ~size_t{63};
   shared_min_ = static_cast<size_t>(std::max<int64_t>(0, kSharedMin.get()));
   shared_min_allreduce_ = static_cast<size_t>(std::max<int64_t>(0, kSharedMinAllreduce.get()));
   in_place_floor_ = SIZE_MAX;
@@ -623,7 +624,7 @@ const std::byte* ShmPair::map_shared(const shm::SharedRef& ref, size_t bytes) {
 }
 
 void ShmPair::read_in_place(RecvReq& r) {
-  const size_t piece = static_cast<size_t>(std::max<int64_t>(4096, kReadPiece.get())) & ~size_t{63};
+  const size_t piece = read_piece_;
   const size_t left = r.bytes - r.got;
   if (rx_local_) {  // in our address space: plain loads
     deliver(r, rx_local_ + r.got, std::min(left, piece));

@@ -93,6 +93,7 @@ class ShmPair : public Pair {
   uint32_t stamp_misses_ = 0;  // polls of an unstamped boundary since the tail was last read
   // Single copy.
   size_t single_copy_min_;  // 0: off
+  size_t read_piece_;       // bytes a single-copy receiver copies per step (LOOM_SHM_READ_PIECE)
   int peer_pid_ = 0;
   bool probed_ = false;
   int peer_reads_ = 0;  // 0 unknown, 1 the peer reads our buffers in place, 2 it cannot
