@@ -43,8 +43,8 @@ struct ExecQueues {
   std::deque<RecvReq> recvs;
   std::deque<Copy> copies;
   // Operations of at least this many bytes (LOOM_STREAMING_COPY_MIN; an allgather's or
-  // alltoall's whole output) write their large plain copies with non-temporal stores. Read
-  // when the communicator is built.
+  // alltoall's whole output) write their large plain copies and out-of-place reductions with
+  // non-temporal stores. Read when the communicator is built.
   size_t streaming_min = streaming_copy_min();
 };
 

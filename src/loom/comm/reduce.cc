@@ -18,8 +18,8 @@ namespace {
 const IntTunable kStreamingMin(
     "LOOM_STREAMING_COPY_MIN", 8 << 20,
     "a collective of at least this many bytes (allgather, alltoall: its whole output) writes "
-    "its shared-memory receives and own block into the output with non-temporal stores; "
-    "0 = never (docs/perf.md)");
+    "its shared-memory receives, own block and out-of-place reductions into the output with "
+    "non-temporal stores; 0 = never (docs/perf.md)");
 
 template <typename T>
 inline T combine(T x, T y, ReduceOp op) {

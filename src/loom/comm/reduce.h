@@ -33,8 +33,9 @@ void reduce_streaming(void* dst, const void* a, const void* b, size_t count, DTy
 // (for tests).
 uint64_t bytes_streamed();
 
-// LOOM_STREAMING_COPY_MIN: collectives of at least this many bytes copy their large plain
-// receives with copy_streaming (SIZE_MAX when off). Read when a communicator is built.
+// LOOM_STREAMING_COPY_MIN: collectives of at least this many bytes write their large plain
+// receives with copy_streaming and their large out-of-place reductions with
+// reduce_streaming (SIZE_MAX when off). Read when a communicator is built.
 size_t streaming_copy_min();
 
 }  // namespace loom::comm

@@ -87,8 +87,8 @@ struct RecvReq {
   // Optional ordering: delivery starts only after `after` is done (keeps reduction order
   // fixed when several peers feed one buffer).
   const RecvReq* after = nullptr;
-  // A plain copy into an output nobody reads back soon: written with non-temporal stores
-  // (Exec::recv sets it, LOOM_STREAMING_COPY_MIN).
+  // A copy or out-of-place reduction into an output nobody reads back soon: written with
+  // non-temporal stores (Exec::recv_reduce sets it, LOOM_STREAMING_COPY_MIN).
   bool streaming = false;
   // transport state
   bool header_seen = false;
