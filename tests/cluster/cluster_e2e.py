@@ -97,7 +97,17 @@ def addr(m):
 
 
 def host_shm():
-    return sorted(f for f in os.listdir("/dev/shm") if f.startswith("loom"))
+    """The loom segments in the host's /dev/shm, less those a process of the host's own
+    network namespace made (segments are named loom.PID.*): another test run alongside
+    (ctest -j) makes those, never the machines' ranks."""
+    own = os.readlink("/proc/self/ns/net")
+
+    def ours(name):
+        try:
+            return os.readlink("/proc/%s/ns/net" % name.split(".")[1]) != own
+        except (OSError, IndexError):
+            return True  # its maker is gone or unnamed: count it
+    return sorted(f for f in os.listdir("/dev/shm") if f.startswith("loom") and ours(f))
 
 
 def shm_mappings(pid):
