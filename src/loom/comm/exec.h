@@ -111,7 +111,8 @@ class Exec {
   bool streaming_;  // this operation is large enough to stream (ExecQueues::streaming_min)
   // Copies below this stay plain even in a streaming operation (small pieces, headers).
   static constexpr size_t kStreamingPieceMin = 64 << 10;
-  // Whether a plain copy of `bytes` in this operation uses non-temporal stores.
+  // Whether a copy (or out-of-place reduction) of `bytes` in this operation may use
+  // non-temporal stores.
   bool streams(size_t bytes) const { return streaming_ && bytes >= kStreamingPieceMin; }
   // Receives into the scratch buffer are read right back by the algorithm: never streamed.
   bool in_scratch(const void* p) const {

@@ -212,6 +212,15 @@ bool has_avx2() {
   static const bool yes = (__builtin_cpu_init(), __builtin_cpu_supports("avx2"));
   return yes;
 }
+
+// Whole lines with streaming stores through the widest kernel the CPU has. The caller
+// counts them in g_streamed (once per call, not per piece) and fences.
+void stream_lines(std::byte* d, const std::byte* s, size_t lines) {
+  if (has_avx2())
+    stream_lines_avx2(d, s, lines);
+  else
+    stream_lines_sse2(d, s, lines);
+}
 }  // namespace
 
 void copy_streaming(void* dst, const void* src, size_t bytes) {
@@ -224,10 +233,7 @@ void copy_streaming(void* dst, const void* src, size_t bytes) {
   d += head, s += head, bytes -= head;
   const size_t lines = bytes / 64;
   g_streamed.fetch_add(lines * 64, std::memory_order_relaxed);
-  if (has_avx2())
-    stream_lines_avx2(d, s, lines);
-  else
-    stream_lines_sse2(d, s, lines);
+  stream_lines(d, s, lines);
   _mm_sfence();
   std::memcpy(d + lines * 64, s + lines * 64, bytes % 64);
 }
@@ -252,10 +258,7 @@ void reduce_streaming(void* dst, const void* a, const void* b, size_t count, DTy
   const size_t pieces = bytes / kPiece;
   for (size_t i = 0; i < pieces; ++i, d += kPiece, x += kPiece, y += kPiece) {
     reduce_into(tmp, x, y, kPiece / es, dtype, op);
-    if (has_avx2())
-      stream_lines_avx2(d, tmp, kPiece / 64);
-    else
-      stream_lines_sse2(d, tmp, kPiece / 64);
+    stream_lines(d, tmp, kPiece / 64);
   }
   g_streamed.fetch_add(pieces * kPiece, std::memory_order_relaxed);
   _mm_sfence();

@@ -26,7 +26,7 @@ void copy_bytes(void* dst, const void* src, size_t bytes);
 // stores are ordered (sfence) before it returns, so a later release store publishes them.
 void copy_streaming(void* dst, const void* src, size_t bytes);
 // reduce_into with non-temporal stores for the whole 64-byte lines of dst (same bits; dst
-// may alias a or b), for a large reduction's final output. Ordered before it returns.
+// may alias a or b), for a large reduction's out-of-place output. Ordered before it returns.
 void reduce_streaming(void* dst, const void* a, const void* b, size_t count, DType dtype,
                       ReduceOp op);
 // Bytes copy_streaming and reduce_streaming have written with non-temporal stores in this process
