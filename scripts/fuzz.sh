@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 build=${1:-build-clang}
 seconds=${2:-600}
 targets="store_wire_fuzz handshake_fuzz config_fuzz shard_fuzz data_manifest_fuzz
-  ckpt_manifest_fuzz tokenizer_fuzz"
+  ckpt_manifest_fuzz tokenizer_fuzz model_file_fuzz corpus_input_fuzz"
 mkdir -p "$build/fuzz-crash" "$build/fuzz-log"
 export LOOM_FUZZ_BUILD=$build LOOM_FUZZ_SECONDS=$seconds
 one() {

@@ -5,6 +5,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git
   libssl-dev libcli11-dev nlohmann-json3-dev libpcre2-dev zlib1g-dev liblzma-dev
+  libzstd-dev libsimdjson-dev zstd xz-utils   # JSON Lines corpora: .zst, simdjson's parser
   libdnnl-dev                       # oneDNN: GEMM (fp32, bf16) for the CPU kernels
   libopenblas-dev                   # the other BLAS, measured against oneDNN in bench/
   libtomlplusplus-dev               # training configs
@@ -36,3 +37,5 @@ if ! command -v npm > /dev/null; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq nodejs npm
 fi
 bash "$(dirname "$0")/fetch_tokenizer.sh"
+# llama.cpp (npm node-llama-cpp) and GPT-2's own vocabulary files: the model-file tests' peers.
+bash "$(dirname "$0")/fetch_interop_peers.sh"

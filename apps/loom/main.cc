@@ -7,6 +7,7 @@
 
 #include "bench.h"
 #include "loom/core/error.h"
+#include "model_io.h"
 #include "plan.h"
 #include "prep.h"
 #include "report.h"
@@ -25,6 +26,8 @@ int main(int argc, char** argv) {
   auto run = loom::apps::add_run_command(app);
   auto report = loom::apps::add_report_command(app);
   auto plan = loom::apps::add_plan_command(app);
+  auto export_ = loom::apps::add_export_command(app);
+  auto eval = loom::apps::add_eval_command(app);
   // `loom run [options] -- COMMAND...` as torchrun and srun users type it: the first `--`
   // after `run` ends its options; CLI11's prefix command stops at COMMAND's first word
   // already, and would refuse the words after a `--` as unexpected.
@@ -49,6 +52,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("run")) return run();
     if (app.got_subcommand("report")) return report();
     if (app.got_subcommand("plan")) return plan();
+    if (app.got_subcommand("export")) return export_();
+    if (app.got_subcommand("eval")) return eval();
   } catch (const loom::UserError& e) {
     std::fprintf(stderr, "loom: error: %s\nhint: %s\n", e.what(), e.hint().c_str());
     return 2;

@@ -10,6 +10,7 @@
 #include "loom/ckpt/checkpoint.h"
 #include "loom/core/error.h"
 #include "loom/data/tokenizer.h"
+#include "loom/interop/model_files.h"
 #include "loom/model/generate.h"
 #include "loom/model/gpt.h"
 #include "loom/train/config.h"
@@ -38,7 +39,7 @@ std::function<int()> add_train_command(CLI::App& app) {
   };
 }
 
-std::function<int()> add_sample_command(CLI::App& app) {
+std::function<int()> add_sample_command(CLI::App& app) {  // generate text from any model file
   struct Args {
     std::string ckpt, vocab, dtype = "fp32";
     std::vector<std::string> prompts;
@@ -48,7 +49,9 @@ std::function<int()> add_sample_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   CLI::App* s = app.add_subcommand("sample", "generate text from a checkpoint");
-  s->add_option("--ckpt", a->ckpt, "checkpoint folder, or a run.dir (its newest checkpoint)")
+  s->add_option("--ckpt,--model", a->ckpt,
+                "a checkpoint folder or run.dir (its newest checkpoint), a Hugging Face GPT-2 "
+                "folder or a .safetensors file")
       ->required();
   s->add_option("--prompt", a->prompts,
                 "text to continue; repeat it for a batch of prompts (default: a new line)");
@@ -76,16 +79,9 @@ std::function<int()> add_sample_command(CLI::App& app) {
     if (a->tokens < 0)
       throw UserError("--tokens " + std::to_string(a->tokens) + " is negative",
                       "the number of tokens to generate per prompt, e.g. -n 200");
-    std::string dir = a->ckpt;
-    if (!std::filesystem::exists(dir + "/manifest.json")) {
-      std::string newest = ckpt::latest(dir + "/ckpt");
-      if (newest.empty()) newest = ckpt::latest(dir);
-      if (!newest.empty()) dir = newest;
-    }
-    ckpt::Reader r(dir);
-    model::Gpt m(model::GptConfig::from_json(r.meta()["model"]), true, {}, /*with_grads=*/false);
-    for (const auto& t : m.tensors())
-      r.read("param/" + t.name, 0, static_cast<int64_t>(t.size), m.params() + t.offset);
+    const interop::ModelFile mf = interop::open_model(a->ckpt);
+    model::Gpt m(mf.config, true, {}, /*with_grads=*/false);
+    interop::load_params(*mf.weights, m);
     auto tok = data::Gpt2Tokenizer::load(a->vocab);
     data::Gpt2Tokenizer::Encoder enc(tok);
     if (a->prompts.empty()) a->prompts.push_back("\n");

@@ -114,3 +114,51 @@ put("store_wire_fuzz", "set", frame(1, 0, 0, b"rank/0/addr", b"10.0.0.1:29500"))
 put("store_wire_fuzz", "wait", frame(6, 5000, 0, b"a", b"b", b"c"))
 put("store_wire_fuzz", "add_then_get", frame(3, 0, -1, b"count") + frame(2, 100, 0, b"count"))
 put("store_wire_fuzz", "reply", frame(100, 0, 7, b""))
+
+# Model files (src/loom/ckpt/safetensors.h, gguf.h): a small safetensors file of each dtype
+# and a near miss, and a GGUF header with metadata of several types and one tensor.
+
+
+def safetensors(tensors, meta=None):
+    header, data = {}, b""
+    if meta:
+        header["__metadata__"] = meta
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+put("model_file_fuzz", "three_dtypes", safetensors([
+    ("w", "F32", [2, 2], struct.pack("<4f", 1, -2, 0.5, 3)),
+    ("h", "F16", [3], struct.pack("<3H", 0x3c00, 0xc000, 0x7c00)),
+    ("b", "BF16", [2], struct.pack("<2H", 0x3f80, 0x0001))], {"format": "pt"}))
+put("model_file_fuzz", "overlap", safetensors([("a", "F32", [1], b"\0" * 4)])[:-2] + b"\0\0\0\0")
+
+
+def gstr(s):
+    return struct.pack("<Q", len(s)) + s.encode()
+
+
+def gguf():
+    kv = (gstr("general.architecture") + struct.pack("<I", 8) + gstr("gpt2") +
+          gstr("gpt2.block_count") + struct.pack("<II", 4, 2) +
+          gstr("eps") + struct.pack("<If", 6, 1e-5) +
+          gstr("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 2) + gstr("a") + gstr("b"))
+    info = gstr("w") + struct.pack("<IQQIQ", 2, 2, 2, 0, 0)
+    head = b"GGUF" + struct.pack("<IQQ", 3, 1, 4) + kv + info
+    head += b"\0" * (-len(head) % 32)
+    return head + struct.pack("<4f", 1, 2, 3, 4)
+
+
+put("model_file_fuzz", "gguf", gguf())
+
+# Corpus input (src/loom/data/input.h, jsonl.h): JSON Lines records, one compressed copy.
+lines = ('{"doc": {"text": "In the beginning"}, "meta": {"set": "wiki"}}\n'
+         '{"doc": {"text": 7}, "meta": {"set": "wiki"}}\n'
+         '{"doc": {"text": "x"}, "meta": {"set": "web"}}\n'
+         'not json\n[1, 2]\n{"doc": {"text": "\\ud800"}, "meta": {"set": "wiki"}}\n')
+put("corpus_input_fuzz", "records", lines)
+import gzip  # noqa: E402
+put("corpus_input_fuzz", "records_gz", gzip.compress(lines.encode(), mtime=0))

@@ -5,13 +5,17 @@
 #include <gtest/gtest.h>
 #include <lzma.h>
 #include <zlib.h>
+#include <zstd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 
 #include "loom/core/error.h"
+#include "loom/data/input.h"
+#include "loom/data/jsonl.h"
 #include "loom/data/loader.h"
 #include "loom/data/prep.h"
 #include "loom/data/shard.h"
@@ -67,6 +71,51 @@ void write_xz(const std::string& path, const std::string& s) {
             LZMA_OK);
   out.resize(pos);
   std::ofstream(path, std::ios::binary) << out;
+}
+
+// One zstd frame of s; window_log > 0 streams it with that window (and long-distance
+// matching, as `zstd --long` does) so the frame header asks for the whole window.
+std::string zstd_frame(const std::string& s, int window_log = 0) {
+  ZSTD_CCtx* c = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, 3);
+  if (window_log) {
+    ZSTD_CCtx_setParameter(c, ZSTD_c_windowLog, window_log);
+    ZSTD_CCtx_setParameter(c, ZSTD_c_enableLongDistanceMatching, 1);
+    ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 0);
+  }
+  std::string out(ZSTD_compressBound(s.size()) + 1024, '\0');
+  ZSTD_inBuffer in{s.data(), s.size(), 0};
+  ZSTD_outBuffer o{out.data(), out.size(), 0};
+  // Two calls: with all input in one ZSTD_e_end call the library shrinks the window to it.
+  ZSTD_compressStream2(c, &o, &in, ZSTD_e_continue);
+  while (ZSTD_compressStream2(c, &o, &in, ZSTD_e_end) != 0) {
+  }
+  ZSTD_freeCCtx(c);
+  out.resize(o.pos);
+  return out;
+}
+
+std::string gz_member(const std::string& s) {
+  z_stream z{};
+  deflateInit2(&z, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
+  std::string out(deflateBound(&z, s.size()) + 64, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(s.data()));
+  z.avail_in = static_cast<uInt>(s.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  deflate(&z, Z_FINISH);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
+
+std::string xz_stream(const std::string& s) {
+  std::string out(s.size() + 1024, '\0');
+  size_t pos = 0;
+  lzma_easy_buffer_encode(6, LZMA_CHECK_CRC64, nullptr, reinterpret_cast<const uint8_t*>(s.data()),
+                          s.size(), reinterpret_cast<uint8_t*>(out.data()), &pos, out.size());
+  out.resize(pos);
+  return out;
 }
 
 // Files of the test corpus, in the sorted order prep reads them, with their texts.
@@ -158,6 +207,180 @@ TEST(Prep, ErrorsLeaveNothingBehind) {
   auto before = fs::last_write_time(out + "/manifest.json");
   EXPECT_THROW(run_prep({{in}, out, 1 << 20, 0.0, 2, false}, tok()), UserError);  // exists
   EXPECT_EQ(fs::last_write_time(out + "/manifest.json"), before);
+  fs::remove_all(in);
+  fs::remove_all(out);
+}
+
+// Each decoder reads files of several parts (gzip members, xz streams, zstd frames, one with
+// a 256 MiB window that the library's default limit refuses) and refuses a truncated copy
+// of each by name, never returning a short text.
+TEST(Input, MultiPartFilesAreReadWholeAndTruncatedOnesRefused) {
+  const std::string dir = fresh_dir("streams");
+  fs::create_directories(dir);
+  const std::string a = corpus_text(11, 700000), b = corpus_text(12, 300000);
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {dir + "/two.txt.gz", gz_member(a) + gz_member(b)},
+      {dir + "/two.txt.xz", xz_stream(a) + xz_stream(b)},
+      {dir + "/two.txt.zst", zstd_frame(a) + zstd_frame(b)},
+      {dir + "/long.txt.zst", zstd_frame(a, 28) + zstd_frame(b)},
+  };
+  for (const auto& [path, bytes] : files) {
+    write_file(path, bytes);
+    EXPECT_EQ(read_all(path), a + b) << path;
+    const std::string cut = dir + "/cut-" + fs::path(path).filename().string();
+    write_file(cut, bytes.substr(0, bytes.size() * 2 / 3));
+    try {
+      read_all(cut);
+      ADD_FAILURE() << cut << " was read";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(cut), std::string::npos) << e.what();
+    }
+  }
+  // The default window limit really refuses the long frame (so the test above means
+  // something): ZSTD_decompress's one-shot path uses the default parameters.
+  {
+    const std::string f = zstd_frame(a, 28);
+    ZSTD_DCtx* d = ZSTD_createDCtx();
+    std::string out(a.size(), '\0');
+    ZSTD_inBuffer in{f.data(), f.size(), 0};
+    ZSTD_outBuffer o{out.data(), out.size(), 0};
+    EXPECT_TRUE(ZSTD_isError(ZSTD_decompressStream(d, &o, &in)));
+    ZSTD_freeDCtx(d);
+  }
+  EXPECT_EQ(format_of("x/pile_00.jsonl.zst"), InputFormat::kJsonLines);
+  EXPECT_EQ(format_of("a.json"), InputFormat::kJsonLines);
+  EXPECT_EQ(format_of("a.txt.gz"), InputFormat::kText);
+  EXPECT_EQ(format_of("jsonl"), InputFormat::kText);
+  fs::remove_all(dir);
+}
+
+TEST(Jsonl, RecordsKeysFiltersAndReasons) {
+  auto parse = [](JsonlRecords& r, std::string line) {
+    line.append(JsonlRecords::kPadding, ' ');
+    return r.parse(std::string_view(line).substr(0, line.size() - JsonlRecords::kPadding));
+  };
+  RecordFilter f;
+  f.text_key = "doc.body";
+  f.where = {parse_where("meta.set=Wiki"), parse_where("meta.year=2020")};
+  JsonlRecords r(f);
+  auto kept =
+      parse(r, R"({"doc":{"body":"caf\u00e9 \ud83d\ude00"},"meta":{"set":"Wiki","year":2020}})");
+  ASSERT_EQ(kept.kind, JsonlRecords::Kind::kKept) << kept.reason;
+  EXPECT_EQ(std::string(kept.text), "caf\xc3\xa9 \xf0\x9f\x98\x80");
+  EXPECT_EQ(parse(r, R"({"doc":{"body":"x"},"meta":{"set":"Web","year":2020}})").kind,
+            JsonlRecords::Kind::kFiltered);
+  // Values compare as text: the string "2020" matches, the number 2020.0 does not.
+  EXPECT_EQ(parse(r, R"({"doc":{"body":"x"},"meta":{"set":"Wiki","year":"2020"}})").kind,
+            JsonlRecords::Kind::kKept);
+  EXPECT_EQ(parse(r, R"({"doc":{"body":"x"},"meta":{"set":"Wiki","year":2020.0}})").kind,
+            JsonlRecords::Kind::kFiltered);
+  EXPECT_EQ(parse(r, R"({"doc":{"body":"x"},"meta":{"set":"Wiki"}})").kind,
+            JsonlRecords::Kind::kFiltered);  // no such key: no match
+  auto reason = [&](const std::string& line) {
+    auto rec = parse(r, line);
+    EXPECT_EQ(rec.kind, JsonlRecords::Kind::kBad) << line;
+    return rec.reason;
+  };
+  const std::string meta = R"("meta":{"set":"Wiki","year":2020})";
+  EXPECT_EQ(reason("{" + meta + "}"), "no key 'doc.body'");
+  EXPECT_EQ(reason(R"({"doc":{"body":7},)" + meta + "}"), "'doc.body' is a number, not a string");
+  EXPECT_EQ(reason(R"({"doc":{"body":"\ud800"},)" + meta + "}"),
+            "not JSON: a bad string escape (an unpaired \\u surrogate?)");
+  EXPECT_EQ(reason("{\"doc\":{\"body\":\"\xff\"}," + meta + "}"), "invalid UTF-8");
+  EXPECT_EQ(reason(R"({"doc":{"body":"x}})"), "not JSON: an unclosed string");
+  EXPECT_EQ(reason(R"({"doc":{"body":"x"})"), "not JSON: missing or extra commas, braces or keys");
+  EXPECT_EQ(reason("[1, 2]"), "an array, not an object");
+  EXPECT_THROW(parse_where("novalue"), UserError);
+  EXPECT_THROW(parse_where("a..b=1"), UserError);
+  EXPECT_THROW(JsonlRecords(RecordFilter{"a.", {}}), UserError);
+}
+
+std::vector<uint16_t> eot_joined(const std::vector<std::string>& docs) {
+  std::vector<uint16_t> want;
+  Gpt2Tokenizer::Encoder enc(tok());
+  for (const auto& t : docs) {
+    if (t.empty()) continue;
+    for (int id : enc.encode(t)) want.push_back(static_cast<uint16_t>(id));
+    want.push_back(Gpt2Tokenizer::kEndOfText);
+  }
+  return want;
+}
+
+// Records become documents in file order, each ended by <|endoftext|>; --where keeps the
+// matching ones; a folder mixes text and JSON Lines; the first bad line stops prep by
+// FILE:LINE with nothing written, skip_bad counts them instead.
+TEST(Prep, JsonLinesDocumentsFiltersAndBadRecords) {
+  const std::string in = fresh_dir("jsonl"), out = fresh_dir("jsonl-out");
+  std::vector<std::string> texts;
+  std::string lines;
+  for (int i = 0; i < 40; ++i) {
+    texts.push_back(i == 7 ? "" : corpus_text(100 + i, 3000 + 997 * i));
+    nlohmann::json j = {{"text", texts.back()}, {"meta", {{"set", i % 3 ? "A" : "B"}}}};
+    lines += j.dump() + (i == 20 ? "\r\n\n" : "\n");
+  }
+  write_file(in + "/a.jsonl", lines);
+  write_file(in + "/b.txt", "a plain text document");
+  PrepOptions o{{in}, out, 1 << 20, 0.0, 2, false};
+  PrepSummary s = run_prep(o, tok());
+  std::vector<std::string> docs = texts;
+  docs.push_back("a plain text document");
+  EXPECT_EQ(read_split(out, "train"), eot_joined(docs));
+  EXPECT_EQ(s.documents, 41u);
+  fs::remove_all(out);
+
+  o.records.where = {{"meta.set", "B"}};
+  s = run_prep(o, tok());
+  std::vector<std::string> b_docs;
+  for (int i = 0; i < 40; i += 3) b_docs.push_back(texts[i]);
+  b_docs.push_back("a plain text document");  // text files are not filtered
+  EXPECT_EQ(read_split(out, "train"), eot_joined(b_docs));
+  EXPECT_EQ(s.filtered, 26u);
+  fs::remove_all(out);
+
+  o.records.where.clear();
+  write_file(in + "/a.jsonl", lines + "{\"text\": 1}\n" + lines + "nope\n");
+  try {
+    run_prep(o, tok());
+    ADD_FAILURE() << "a bad record was accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), in + "/a.jsonl:42: 'text' is a number, not a string");
+  }
+  EXPECT_FALSE(fs::exists(out));
+  o.skip_bad = true;
+  s = run_prep(o, tok());
+  EXPECT_EQ(s.bad, 2u);
+  ASSERT_EQ(s.first_bad.size(), 2u);
+  EXPECT_EQ(s.first_bad[1],
+            in + "/a.jsonl:84: not JSON: " +
+                std::string("Problem while parsing an atom starting with the letter 'n'"));
+  fs::remove_all(in);
+  fs::remove_all(out);
+}
+
+// A text file larger than a piece is cut where whole-file chunking would cut it: the same
+// tokens, and the same chunks in the validation split, as tokenizing it whole.
+TEST(Prep, TextLargerThanAPieceEqualsWholeFileChunks) {
+  const std::string in = fresh_dir("big"), out = fresh_dir("big-out");
+  const std::string text = corpus_text(77, 19 << 20);
+  write_file(in + "/big.txt", text);
+  PrepSummary s = run_prep({{in}, out, 1 << 30, 0.05, 2, false}, tok());
+  std::vector<size_t> cuts = chunk_cuts(text, 64 << 10);
+  cuts.push_back(text.size());
+  std::vector<uint16_t> train, val;
+  Gpt2Tokenizer::Encoder enc(tok());
+  size_t begin = 0;
+  for (size_t k = 0; k < cuts.size(); ++k) {
+    const bool is_val = std::floor((k + 1) * 0.05 + 0.5) > std::floor(k * 0.05 + 0.5);
+    for (int id : enc.encode(std::string_view(text).substr(begin, cuts[k] - begin)))
+      (is_val ? val : train).push_back(static_cast<uint16_t>(id));
+    begin = cuts[k];
+  }
+  train.push_back(Gpt2Tokenizer::kEndOfText);
+  val.push_back(Gpt2Tokenizer::kEndOfText);
+  EXPECT_EQ(s.chunks, cuts.size());
+  EXPECT_EQ(read_split(out, "train"), train);
+  EXPECT_EQ(read_split(out, "val"), val);
+  EXPECT_EQ(s.train_text_bytes + s.val_text_bytes, text.size());
   fs::remove_all(in);
   fs::remove_all(out);
 }

@@ -22,17 +22,10 @@
 #include <string>
 #include <vector>
 
+#include "loom/ckpt/tensor_source.h"
 #include "loom/core/box.h"
 
 namespace loom::ckpt {
-
-// Elements [begin, begin + count) of the box (start, extent) of a tensor, in the box's
-// row-major order. An empty start/extent is the whole tensor (begin/count then index the
-// flattened tensor).
-struct Region {
-  Shape start, extent;
-  int64_t begin = 0, count = 0;
-};
 
 struct Piece {
   std::string tensor;  // logical name, e.g. "param/h3.qkvw"
@@ -60,23 +53,24 @@ std::string save(const SaveOptions& opt, const std::vector<Piece>& pieces,
 // The newest complete checkpoint under root, or "" when there is none.
 std::string latest(const std::string& root);
 
-class Reader {
+class Reader : public TensorSource {
  public:
   // UserError naming the folder when the manifest is missing, unreadable or of another
   // format version.
   explicit Reader(const std::string& dir);
   const std::string& dir() const { return dir_; }
   const nlohmann::json& meta() const { return manifest_["meta"]; }
-  bool has(const std::string& tensor) const;
+  bool has(const std::string& tensor) const override;
   // The names of the tensors it holds.
   std::vector<std::string> tensors() const;
-  Shape shape(const std::string& tensor) const;
+  Shape shape(const std::string& tensor) const override;
   // The region of tensor (whole shape `shape`) into out (region.count floats). Verifies the
   // checksum of every piece it touches and throws UserError naming the file on a mismatch
   // or a short read, and the tensor when its shape differs from `shape`. (A checkpoint of
   // format 1 stored qkvw as (3C,C): whole-tensor pieces are read by flat index whatever
   // the shape, as long as the element counts agree.)
-  void read(const std::string& tensor, const Shape& shape, const Region& region, float* out) const;
+  void read(const std::string& tensor, const Shape& shape, const Region& region,
+            float* out) const override;
   // Elements [begin, begin + count) of the flattened tensor.
   void read(const std::string& tensor, int64_t begin, int64_t count, float* out) const;
 

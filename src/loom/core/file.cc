@@ -36,6 +36,45 @@ void fsync_dir(const std::string& dir) {
   ::close(fd);
 }
 
+AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
+  const fs::path target(path_);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  tmp_ = (dir / ("." + target.filename().string() + ".tmp-" + std::to_string(::getpid()))).string();
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw io_error("write", tmp_);
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void AtomicFileWriter::write(const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw io_error("write", tmp_);
+    p += w, n -= static_cast<size_t>(w), written_ += static_cast<uint64_t>(w);
+  }
+}
+
+void AtomicFileWriter::commit() {
+  if (::fsync(fd_) != 0) throw io_error("fsync", tmp_);
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0 || ::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    errno = err;
+    throw io_error("rename into place", path_);
+  }
+  const fs::path target(path_);
+  fsync_dir(target.has_parent_path() ? target.parent_path().string() : ".");
+}
+
 void write_file_atomic(const std::string& path, std::string_view content) {
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");

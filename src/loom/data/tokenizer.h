@@ -11,6 +11,7 @@
 // scripts/fetch_tokenizer.sh; it is not committed.
 #pragma once
 
+#include <climits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -54,6 +55,11 @@ class Gpt2Tokenizer {
   // Bytes of the tokens, concatenated (may end inside a UTF-8 sequence).
   std::string decode(const std::vector<int>& ids) const;
   const std::string& token_bytes(int id) const { return bytes_of_[id]; }
+  // The id of the token whose bytes these are, or -1 (never 50256: it has no bytes).
+  int id_of(std::string_view bytes) const {
+    const int r = rank_of(bytes);
+    return r == INT_MAX ? -1 : r;
+  }
   ~Gpt2Tokenizer();
 
  private:

@@ -212,6 +212,10 @@ class Gpt {
   // (B*T, Vp) logits of the last forward without targets ((B*T, Vp/t): this rank's
   // vocabulary columns, under tensor parallelism).
   const float* logits() const { return acts_.logits.data(); }
+  // (B*T) per-position cross-entropies (-log p(target)) of the last forward with targets;
+  // their mean is what forward() returned. Of a run ending in the loss: losses(a).
+  const float* losses() const { return acts_.losses.data(); }
+  static const float* losses(const Activations& a) { return a.losses.data(); }
 
   // A run of consecutive units [first, last] on one microbatch in `a` (a pipeline stage).
   // It starts from tokens (B,T) when first == 0, else from `input`, this rank's R rows of

@@ -274,7 +274,7 @@ static ckpt::Region region_of(const model::Tensor& t, int64_t b, int64_t n) {
   return {t.start, t.extent, b, n};
 }
 
-void DataParallel::load(const ckpt::Reader& r) {
+void DataParallel::load(const ckpt::TensorSource& r, bool weights_only) {
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     release_gathered(u);
     const Unit& x = units_[u];
@@ -286,6 +286,7 @@ void DataParallel::load(const ckpt::Reader& r) {
           tmp.resize(static_cast<size_t>(n));
           for (auto [name, which] :
                {std::pair{"adam_m/", optim::AdamW::kM}, std::pair{"adam_v/", optim::AdamW::kV}}) {
+            if (weights_only) break;
             r.read(name + t.name, t.shape, region_of(t, b, n), tmp.data());
             adam.write(which, a - mbase, static_cast<size_t>(n), tmp.data());
           }

@@ -102,8 +102,9 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   // `across_dp`, when the data-parallel replicas' parameters differ). `when` names the
   // moment in the message.
   void check_replicas(const std::string& when, bool across_dp);
-  // Reads this rank's part of a checkpoint of any layout.
-  void load(const ckpt::Reader& r);
+  // Reads this rank's part of a checkpoint of any layout: the weights and Adam's moments,
+  // or (weights_only: train.init_from) the weights alone, the moments left at zero.
+  void load(const ckpt::TensorSource& r, bool weights_only = false);
   // The pieces this rank writes in a checkpoint (each element written by one rank).
   std::vector<ckpt::Piece> checkpoint_pieces();
 

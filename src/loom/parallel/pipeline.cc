@@ -226,11 +226,15 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
 }
 
 double PipelineStage::forward_only(const int* tokens, const int* targets, int B, int T,
-                                   int microbatches, PipelineHooks* hooks) {
+                                   int microbatches, PipelineHooks* hooks, float* losses) {
   LOOM_CHECK(microbatches <= M_);
   double loss = 0;
+  const int last_chunk = (P_ * V_ - 1) / P_;  // the chunk of the final virtual stage
   for (int m = 0; m < microbatches; ++m) {
     for (int c = 0; c < V_; ++c) loss += forward_action(m, c, tokens, targets, B, T, hooks);
+    if (losses && last())
+      std::copy_n(model::Gpt::losses(*acts_[m][last_chunk]), static_cast<size_t>(B) * T,
+                  losses + static_cast<size_t>(m) * B * T);
     for (int c = 0; c < V_; ++c) pool_.push_back(std::move(acts_[m][c]));
   }
   wait_sends();

@@ -66,9 +66,10 @@ class PipelineStage {
   // microbatches' losses on the last stage, 0 elsewhere.
   double train_step(const int* tokens, const int* targets, int B, int T, float scale,
                     PipelineHooks* hooks);
-  // Forward only (evaluation): microbatches one after the other through every chunk.
+  // Forward only (evaluation): microbatches one after the other through every chunk. On the
+  // last stage `losses` (if given) receives the per-position losses (microbatches x B x T).
   double forward_only(const int* tokens, const int* targets, int B, int T, int microbatches,
-                      PipelineHooks* hooks);
+                      PipelineHooks* hooks, float* losses = nullptr);
 
   // Since the last reset: seconds this rank waited for a neighbour (receives, and the
   // step's last sends), and the most bytes of activations held at once (a microbatch's

@@ -81,6 +81,7 @@ std::vector<Field> fields_of(TrainConfig& c) {
       {"train.activation_loading_horizon", &c.activation_loading_horizon,
        [&] { return at_least(c.activation_loading_horizon, 1); }},
       {"train.offload_dir", &c.offload_dir, [] { return std::string(); }},
+      {"train.init_from", &c.init_from, [] { return std::string(); }},
       {"tp.sequence_parallel", &c.sequence_parallel, [] { return std::string(); }},
       {"pp.microbatches", &c.pp_microbatches, [&] { return at_least(c.pp_microbatches, 0); }},
       {"pp.schedule", &c.pp_schedule,
@@ -131,6 +132,7 @@ std::vector<Field> fields_of(TrainConfig& c) {
        }},
       {"eval.every", &c.eval_every, [&] { return at_least(c.eval_every, 0); }},
       {"eval.batches", &c.eval_batches, [&] { return at_least(c.eval_batches, 1); }},
+      {"eval.task", &c.eval_task, [] { return std::string(); }},
       {"ckpt.every", &c.ckpt_every, [&] { return at_least(c.ckpt_every, 0); }},
       {"ckpt.keep", &c.ckpt_keep, [&] { return at_least(c.ckpt_keep, 1); }},
       {"run.dir", &c.run_dir, [&] { return c.run_dir.empty() ? "must not be empty" : ""; }},
@@ -316,6 +318,7 @@ TrainConfig TrainConfig::load(const std::string& path, const std::vector<std::st
       auto it = by_key.find(full);
       if (it == by_key.end()) throw unknown_key(full, fields, " in " + path);
       assign(*it->second, value);
+      c.model_name_set |= full == "model.name";
     }
   }
   for (const std::string& o : overrides) {
@@ -327,6 +330,7 @@ TrainConfig TrainConfig::load(const std::string& path, const std::vector<std::st
     if (it == by_key.end()) throw unknown_key(key, fields, " (in --set)");
     toml::table v = override_value(o.substr(eq + 1));
     assign(*it->second, *v.get("v"));
+    c.model_name_set |= key == "model.name";
   }
   for (const auto& f : fields)
     if (std::string what = f.check(); !what.empty()) {

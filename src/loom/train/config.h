@@ -22,6 +22,7 @@ namespace loom::train {
 struct TrainConfig {
   // [model]
   std::string model_name = "tiny";
+  bool model_name_set = false;  // model.name was given (in the file or by --set)
   // [data]
   std::string data_path;
   // [train]
@@ -43,6 +44,9 @@ struct TrainConfig {
   double system_sample_s = 0.5;       // rank 0 samples the system into system.jsonl; 0: off
   int64_t activation_loading_horizon = 4;  // read them back this many actions ahead
   std::string offload_dir;                 // the spill files' folder; "": run.dir/spill
+  // Start from these weights (step 0, fresh optimizer): a Hugging Face GPT-2 folder or
+  // .safetensors file, or another run's loom checkpoint; the model's shape comes from it.
+  std::string init_from;
   // [tp]
   bool sequence_parallel = false;  // split LayerNorm/residual regions along the tokens
   // [pp]
@@ -69,6 +73,7 @@ struct TrainConfig {
   // [eval]
   int64_t eval_every = 0;  // steps; 0: never
   int64_t eval_batches = 4;
+  std::string eval_task;  // a multiple-choice file (HellaSwag's layout), scored at each eval
   // [ckpt]
   int64_t ckpt_every = 0;  // steps; 0: only at the end
   int64_t ckpt_keep = 3;

@@ -22,6 +22,7 @@
 #include "loom/core/state_memory.h"
 #include "loom/core/stats.h"
 #include "loom/data/loader.h"
+#include "loom/interop/model_files.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/model/gpt.h"
 #include "loom/optim/moment_file.h"
@@ -34,6 +35,7 @@
 #include "loom/plan/planner.h"
 #include "loom/profile/system_sampler.h"
 #include "loom/profile/trace.h"
+#include "loom/train/evaluate.h"
 #include "loom/train/tensorboard.h"
 
 namespace loom::train {
@@ -84,13 +86,16 @@ class Trainer {
   int run();
 
  private:
-  void plan_layout();  // the mesh and everything about the input it must divide
+  void resolve_model();  // train.init_from: the model's shape comes from the file
+  void plan_layout();    // the mesh and everything about the input it must divide
   void open_data();
   void check_run_dir();
   void open_checkpoint();  // the newest checkpoint, checked against the config
   int64_t restore();       // returns the first step to run
   float train_step(int64_t step, double lr, double* grad_norm, bool* stop);
   double evaluate();
+  train::ChoiceScores evaluate_task();  // eval.task
+  void run_evaluations(int64_t step, bool val);
   void write_trace();
   void save(int64_t next_step);
   void log_step(int64_t step, float loss, double lr, double grad_norm, double step_s);
@@ -122,6 +127,9 @@ class Trainer {
   std::unique_ptr<parallel::DataParallel> dp_;
   std::optional<data::TokenDataset> train_data_, val_data_;
   std::optional<ckpt::Reader> checkpoint_;  // the one to resume from, if any
+  std::optional<interop::ModelFile> init_;  // train.init_from's weights
+  std::vector<train::ChoiceItem> task_;     // eval.task's items
+  std::shared_ptr<const data::Gpt2Tokenizer> tokenizer_;
   std::optional<data::Loader> loader_, val_loader_;
   std::vector<int32_t> x_, y_;
   std::unique_ptr<TensorBoardWriter> tb_;
@@ -182,6 +190,14 @@ int64_t Trainer::restore() {
     if (opt_.resume && chatty())
       std::printf("loom: no checkpoint in %s/ckpt yet; starting from step 0\n",
                   cfg_.run_dir.c_str());
+    if (init_) {
+      dp_->load(*init_->weights, /*weights_only=*/true);
+      dp_->check_replicas("the weights of train.init_from", true);
+      if (chatty())
+        std::printf("loom: starting from %s %s (step 0, a fresh optimizer)\n", init_->kind.c_str(),
+                    init_->path.c_str());
+      return 0;
+    }
     dp_->init_weights(static_cast<uint64_t>(cfg_.seed));
     return 0;
   }
@@ -396,6 +412,77 @@ double Trainer::evaluate() {
   return world_sum({sum})[0] / static_cast<double>(n * mesh_->tp());
 }
 
+// eval.task: each data-parallel replica scores every dp-th item through the layout's own
+// forward (micro_batch rows of seq_len tokens, padded), so ZeRO-3's gathers and the tensor-
+// and pipeline-parallel communication run as in training; the replicas' log-likelihoods
+// are gathered through a sum in which each replica's reporting rank (tensor-parallel rank
+// 0 of the last stage) alone fills its slot.
+train::ChoiceScores Trainer::evaluate_task() {
+  const int mb = static_cast<int>(cfg_.micro_batch), T = static_cast<int>(cfg_.seq_len);
+  std::vector<int> x(static_cast<size_t>(mb) * T), y(x.size());
+  std::vector<float> losses(x.size());
+  const train::NllFn nll = [&](const int* tokens, const int* targets, int B, int Tn, float* out) {
+    for (int r0 = 0; r0 < B; r0 += mb) {
+      std::fill(x.begin(), x.end(), 0);
+      std::fill(y.begin(), y.end(), 0);
+      const int rows = std::min(mb, B - r0);
+      for (int r = 0; r < rows; ++r)
+        for (int t = 0; t < Tn; ++t)
+          x[r * T + t] = tokens[(r0 + r) * Tn + t], y[r * T + t] = targets[(r0 + r) * Tn + t];
+      if (pipeline_) {
+        pipeline_->forward_only(x.data(), y.data(), mb, T, 1, dp_.get(), losses.data());
+      } else {
+        dp_->forward(x.data(), y.data(), mb, T);
+        std::copy_n(model_->losses(), losses.size(), losses.data());
+      }
+      for (int r = 0; r < rows; ++r)
+        for (int t = 0; t < Tn; ++t) out[(r0 + r) * Tn + t] = losses[r * T + t];
+    }
+  };
+  const bool reports = coord_.tp == 0 && (!pipeline_ || pipeline_->last());
+  const train::GatherFn gather = [&](const std::vector<double>& mine) {
+    std::vector<double> all(mine.size() * mesh_->dp(), 0.0);
+    if (reports) std::copy(mine.begin(), mine.end(), all.begin() + mine.size() * coord_.dp);
+    return world_sum(std::move(all));
+  };
+  return train::score_choices(task_, tokenizer_, T + 1, nll, coord_.dp, mesh_->dp(), gather);
+}
+
+// The evaluations due after `step` (1-based count of steps done): the validation loss
+// (`val`) and eval.task's scores, into metrics.jsonl, TensorBoard and the console.
+void Trainer::run_evaluations(int64_t step, bool val) {
+  TraceSpan span("evaluation", "eval");
+  nlohmann::json j = {{"step", step}};
+  std::vector<std::pair<std::string, double>> scalars;
+  std::string line;
+  if (val) {
+    const double v = evaluate();
+    j["val_loss"] = v;
+    scalars.push_back({"val/loss", v});
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "val loss %.4f", v);
+    line = buf;
+  }
+  if (!task_.empty()) {
+    const train::ChoiceScores c = evaluate_task();
+    j["task_acc"] = c.acc;
+    j["task_acc_norm"] = c.acc_norm;
+    j["task_items"] = c.items;
+    scalars.push_back({"eval/task_acc", c.acc});
+    scalars.push_back({"eval/task_acc_norm", c.acc_norm});
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%stask acc %.4f, acc_norm %.4f (%lld items)",
+                  line.empty() ? "" : ", ", c.acc, c.acc_norm, static_cast<long long>(c.items));
+    line += buf;
+  }
+  if (rank_ == 0) {
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();
+    tb_->scalars(step, scalars);
+  }
+  if (chatty()) std::printf("step %6lld | %s\n", static_cast<long long>(step), line.c_str());
+}
+
 std::vector<double> Trainer::world_sum(std::vector<double> v) {
   if (groups_.world)
     dp_->timed([&] {
@@ -552,6 +639,28 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   }
 }
 
+void Trainer::resolve_model() {
+  if (!cfg_.eval_task.empty()) {
+    task_ = train::read_choice_task(cfg_.eval_task);
+    tokenizer_ = data::Gpt2Tokenizer::load("");
+  }
+  if (cfg_.init_from.empty()) return;
+  init_.emplace(interop::open_model(cfg_.init_from));
+  const model::GptConfig& from = init_->config;
+  if (cfg_.model_name_set) {
+    const model::GptConfig named = model::GptConfig::named(cfg_.model_name);
+    nlohmann::json a = named.to_json(), b = from.to_json();
+    a.erase("name"), b.erase("name");
+    if (a != b)
+      throw UserError("model.name = " + cfg_.model_name + " (" + interop::describe_shape(named) +
+                          ") disagrees with train.init_from " + init_->path + " (" +
+                          interop::describe_shape(from) + ")",
+                      "leave model.name out: with train.init_from the shape comes from the file");
+  }
+  model_cfg_ = from;
+  cfg_.model_name = from.name;
+}
+
 void Trainer::plan_layout() {
   mesh_ = parallel::Mesh::build(world_, static_cast<int>(cfg_.tp), static_cast<int>(cfg_.pp),
                                 cfg_.placement);
@@ -609,6 +718,7 @@ int Trainer::run() {
   all_ranks_log_ = std::getenv("LOOM_LOG_ALL_RANKS") != nullptr;
   // Everything that can be wrong with the input is checked here, on every rank, before
   // any rank connects or writes.
+  resolve_model();
   plan_layout();
   const int cpus = cpus_available();
   const int threads =
@@ -751,20 +861,10 @@ int Trainer::run() {
     }
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     log_step(step, loss, lr, norm, dt);
-    if (cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) {
-      double val;
-      {
-        TraceSpan span("evaluation", "eval");
-        val = evaluate();
-      }
-      if (rank_ == 0) {
-        metrics_ << nlohmann::json{{"step", step + 1}, {"val_loss", val}}.dump() << "\n";
-        metrics_.flush();
-        tb_->scalars(step + 1, {{"val/loss", val}});
-      }
-      if (chatty())
-        std::printf("step %6lld | val loss %.4f\n", static_cast<long long>(step + 1), val);
-    }
+    if (cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) run_evaluations(step + 1, true);
+    // eval.task without eval.every: once, after the last step.
+    if (cfg_.eval_every == 0 && !task_.empty() && step + 1 == cfg_.steps)
+      run_evaluations(step + 1, false);
     if (cfg_.ckpt_every > 0 && (step + 1) % cfg_.ckpt_every == 0)
       save(step + 1), saved_at = step + 1;
     if (tb_) tb_->flush();
