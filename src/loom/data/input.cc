@@ -17,11 +17,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 std::string display(const std::string& path) {
   return path == "-" ? "standard input" : path;
 }
@@ -225,8 +220,8 @@ class ZstdStream : public Decoder {
 InputFormat format_of(const std::string& path) {
   std::string p = path;
   for (const char* z : {".gz", ".xz", ".zst"})
-    if (ends_with(p, z)) p.resize(p.size() - std::string(z).size());
-  return ends_with(p, ".jsonl") || ends_with(p, ".json") ? InputFormat::kJsonLines
+    if (p.ends_with(z)) p.resize(p.size() - std::string(z).size());
+  return p.ends_with(".jsonl") || p.ends_with(".json") ? InputFormat::kJsonLines
                                                          : InputFormat::kText;
 }
 
@@ -268,9 +263,9 @@ std::vector<InputFile> list_inputs(const std::vector<std::string>& inputs, Input
 }
 
 std::unique_ptr<ByteStream> open_input(const std::string& path) {
-  if (ends_with(path, ".gz")) return std::make_unique<GzStream>(path);
-  if (ends_with(path, ".xz")) return std::make_unique<XzStream>(path);
-  if (ends_with(path, ".zst")) return std::make_unique<ZstdStream>(path);
+  if (path.ends_with(".gz")) return std::make_unique<GzStream>(path);
+  if (path.ends_with(".xz")) return std::make_unique<XzStream>(path);
+  if (path.ends_with(".zst")) return std::make_unique<ZstdStream>(path);
   return std::make_unique<PlainStream>(path);
 }
 

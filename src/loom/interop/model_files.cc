@@ -16,11 +16,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // A Hugging Face GPT-2 safetensors file read as loom tensors: each tensor is converted whole
 // on first use (transposed, vocabulary padded) and the last one kept, so the regions a
 // rank's units ask for one after another cost one conversion.
@@ -47,7 +42,7 @@ class HfWeights : public ckpt::TensorSource {
     for (const auto& f : file_.tensors()) {
       if (used.count(f.name)) continue;
       // The causal masks GPT2Attention registers, and the LM head tied to wte.
-      if (ends_with(f.name, "attn.bias") || ends_with(f.name, "attn.masked_bias") ||
+      if (f.name.ends_with("attn.bias") || f.name.ends_with("attn.masked_bias") ||
           f.name == "lm_head.weight")
         continue;
       throw UserError(path + " holds a tensor loom's GPT-2 has no place for: " + f.name,
@@ -230,7 +225,7 @@ ModelFile open_model(const std::string& path) {
                     "pass a loom checkpoint or run.dir, a Hugging Face GPT-2 folder or a "
                     ".safetensors file");
   if (fs::is_regular_file(path, ec)) {
-    if (!ends_with(path, ".safetensors"))
+    if (!path.ends_with(".safetensors"))
       throw UserError("model file " + path + " is not a .safetensors file",
                       "loom reads safetensors (Hugging Face) and its own checkpoints; "
                       "GGUF is written, not read");
