@@ -156,6 +156,77 @@ def kill_rank(proc, rank, within_s=15):
     return took
 
 
+class LossFixtures:
+    """Per-step losses as exact float32 bit patterns, per training run of the e2e tests and
+    per CPU (tests/fixtures/losses/<cpu>.json): recorded once at a chosen commit
+    (LOOM_LOSS_FIXTURES=record), then every later run of the same case must give the same
+    bits — the proof that a restructuring changed no arithmetic (issue 33). oneDNN's
+    kernels and so the last bits differ between CPUs, so each CPU has its own file; on a
+    CPU without one the check says so once and compares nothing. LOOM_LOSS_FIXTURES=off
+    turns it off."""
+
+    def __init__(self):
+        self.mode = os.environ.get("LOOM_LOSS_FIXTURES", "check")
+        self.cpu = self.signature()
+        self.path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures",
+                                 "losses", self.cpu + ".json")
+        self.data = {}
+        if os.path.exists(self.path):
+            with open(self.path) as f:
+                self.data = json.load(f)
+        self.said = False
+
+    @staticmethod
+    def signature():
+        info = {}
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                info.setdefault(k.strip(), v.strip())
+        flags = set(info.get("flags", "").split())
+        isa = "-".join(x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in flags)
+        name = re.sub(r"\W+", "_", info.get("model name", "cpu")).strip("_")
+        return "%s-f%s-m%s-%s-%dcpu" % (name, info.get("cpu family", "?"), info.get("model", "?"),
+                                       isa or "base", os.cpu_count())
+
+    def key(self, run_dir, n, extra, steps):
+        args = [a for a in extra if "data.path=" not in a and "run.dir=" not in a]
+        return "%s:%s n=%d steps=%d %s" % (os.path.basename(sys.argv[0]),
+                                           os.path.basename(run_dir.rstrip("/")), n, steps,
+                                           " ".join(args))
+
+    def check(self, run_dir, n, extra, steps):
+        if self.mode == "off":
+            return
+        import struct
+        bits = {str(s): struct.pack("<f", v).hex() for s, v in sorted(losses(run_dir).items())}
+        k = self.key(run_dir, n, extra, steps)
+        if self.mode == "record":
+            self.data[k] = bits
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(self.path, "w") as f:
+                json.dump(self.data, f, indent=0, sort_keys=True)
+            return
+        if not self.data:
+            if not self.said:
+                print("loss fixtures: none for this CPU (%s): bit-identity not checked" % self.cpu)
+                self.said = True
+            return
+        want = self.data.get(k)
+        if want is None:
+            print("loss fixtures: no fixture for %s" % k)
+            return
+        if want != bits:
+            diff = [s for s in want if bits.get(s) != want[s]]
+            fail("loss fixtures: %s differs from the recorded bits at steps %s (e.g. step %s: "
+                 "%s, recorded %s)" % (k, diff[:10], diff[0] if diff else "?",
+                                       bits.get(diff[0]) if diff else "?",
+                                       want[diff[0]] if diff else "?"))
+
+
+LOSS_FIXTURES = LossFixtures()
+
+
 class Trainer:
     """`loom train` on the prepared data with a small fixed optimisation: global batch 8 of
     32 tokens (micro-batch 2), lr 3e-3, 5 warmup steps. train(dir, n) runs it on n ranks
@@ -206,4 +277,7 @@ class Trainer:
     def train(self, run_dir, n=1, *extra, steps=20, rc=0):
         if "--resume" not in extra:
             shutil.rmtree(run_dir, ignore_errors=True)
-        return run(self.launch(n, run_dir, *extra, steps=steps), rc)
+        p = run(self.launch(n, run_dir, *extra, steps=steps), rc)
+        if rc == 0:
+            LOSS_FIXTURES.check(run_dir, n, extra, steps)
+        return p
