@@ -222,7 +222,7 @@ InputFormat format_of(const std::string& path) {
   for (const char* z : {".gz", ".xz", ".zst"})
     if (p.ends_with(z)) p.resize(p.size() - std::string(z).size());
   return p.ends_with(".jsonl") || p.ends_with(".json") ? InputFormat::kJsonLines
-                                                         : InputFormat::kText;
+                                                       : InputFormat::kText;
 }
 
 std::vector<InputFile> list_inputs(const std::vector<std::string>& inputs, InputFormat stdin_format,
