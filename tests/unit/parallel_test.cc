@@ -366,7 +366,8 @@ TEST_P(DataParallelSteps, LossesOfOneProcessAndZerosMemory) {
     parallel::DpOptions o;
     o.zero = zero;
     o.shared_gather = k.shared_gather;
-    parallel::DataParallel engine(m, parallel::DpGroups{dp, nullptr, nullptr, nullptr}, o);
+    parallel::DataParallel engine(m, parallel::ProcessGroups{nullptr, dp, nullptr, nullptr, nullptr},
+                                  o);
     engine.init_weights(7);
     std::vector<float> losses;
     const int mine = rows / n;

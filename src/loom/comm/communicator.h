@@ -51,6 +51,7 @@ namespace loom::comm {
 
 namespace algo {
 struct Blocks;
+struct CollArgs;
 }
 
 struct CommConfig {
@@ -235,8 +236,14 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   Communicator(std::shared_ptr<Store> root_store, std::shared_ptr<Store> store, int rank, int size,
                CommConfig cfg);
-  void connect(Deadline deadline);
+  void connect(Deadline deadline);  // wiring.cc
 
+  // The one path of every collective (algorithms/table.h): choose the algorithm for
+  // `choice_bytes`, fingerprint (`fp_count` elements), launch its row; allgather and
+  // allgather_shared run on equal blocks of `equal_block_bytes` per rank.
+  WorkPtr collective(bool blocking, OpKind kind, DType t, ReduceOp redop, uint64_t fp_count,
+                     size_t choice_bytes, algo::CollArgs args, OpOptions o,
+                     size_t equal_block_bytes = 0);
   // One builder per collective; the public async and blocking forms both call it.
   WorkPtr allreduce_impl(bool blocking, const void* in, void* out, size_t count, DType t,
                          ReduceOp op, OpOptions o);
@@ -282,7 +289,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void run(Op& op, Body body, bool on_caller = false);
   // Blocks of `each` bytes per rank (allgather's), kept: touched only by the running op.
   const algo::Blocks& equal_blocks(size_t each);
-  // Runs `first` and every send/receive queued behind it together, finishing each op's work.
+  // Runs `first` and every send/receive queued behind it together, finishing each op's work
+  // (p2p.cc).
   void run_p2p(Op first, bool on_caller);
   void worker_loop();
   void check_abort();

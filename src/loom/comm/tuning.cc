@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "loom/comm/algorithms/table.h"
 #include "loom/core/error.h"
 #include "loom/core/tunable.h"
 
@@ -125,44 +126,10 @@ CostModel CostModel::from_env() {
 }
 
 std::vector<Algo> valid_algos(OpKind op, const Topology& topo) {
-  int n = topo.size;
-  bool hier = topo.hierarchical();
-  switch (op) {
-    case OpKind::kAllreduce: {
-      std::vector<Algo> v{Algo::kRing, Algo::kRd, Algo::kDirect, Algo::kTree};
-      if (hier) v.push_back(Algo::kHier);
-      return v;
-    }
-    case OpKind::kAllgather: {
-      std::vector<Algo> v{Algo::kRing, Algo::kDirect};
-      if (is_pow2(n)) v.push_back(Algo::kRd);
-      if (hier) v.push_back(Algo::kHier);
-      return v;
-    }
-    case OpKind::kReduceScatter: {
-      std::vector<Algo> v{Algo::kRing, Algo::kDirect};
-      if (is_pow2(n)) v.push_back(Algo::kRd);
-      if (hier) v.push_back(Algo::kHier);
-      return v;
-    }
-    case OpKind::kBroadcast:
-      return {Algo::kTree, Algo::kDirect, Algo::kRing};
-    case OpKind::kReduce:
-      return {Algo::kTree, Algo::kDirect};
-    case OpKind::kGather:
-    case OpKind::kScatter:
-    case OpKind::kAlltoall:
-    case OpKind::kSendRecv:
-    case OpKind::kSplit:
-    case OpKind::kAllgatherShared:
-    case OpKind::kMachineBuffer:
-      return {Algo::kDirect};
-    case OpKind::kBarrier:
-      return {Algo::kRd};
-    case OpKind::kCount:
-      break;
-  }
-  return {};
+  std::vector<Algo> v;
+  for (const algo::AlgoRow& r : algo::algo_table())
+    if (r.op == op && (!r.valid || r.valid(topo))) v.push_back(r.algo);
+  return v;
 }
 
 double predict_us(OpKind op, Algo algo, size_t bytes, const Topology& topo, const CostModel& m) {

@@ -10,11 +10,15 @@
 namespace loom {
 
 // SplitMix64's finaliser: a bijection of 64-bit words with good avalanche.
-inline uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
+inline uint64_t splitmix64_finaliser(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
+}
+
+// One SplitMix64 output: the finaliser of x plus the golden-ratio increment.
+inline uint64_t mix64(uint64_t x) {
+  return splitmix64_finaliser(x + 0x9E3779B97F4A7C15ull);
 }
 
 // A standard normal sample for (key, index): Box-Muller over two 32-bit uniforms.

@@ -6,6 +6,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/file.h"
+#include "loom/core/random.h"
 #include "loom/data/tokenizer.h"
 
 namespace loom::data {
@@ -66,12 +67,10 @@ void TokenDataset::read(uint64_t begin, size_t n, int32_t* out) const {
 }
 
 namespace {
-uint64_t mix(uint64_t x) {  // splitmix64 finaliser
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+// The Feistel rounds' mixing: SplitMix64's finaliser alone (no increment: mix64 would
+// change every data order written so far).
+uint64_t mix(uint64_t x) {
+  return splitmix64_finaliser(x);
 }
 }  // namespace
 

@@ -36,12 +36,12 @@ bool take_pooled(std::multimap<size_t, V>& pool, size_t n, V& out) {
 
 }  // namespace
 
-DataParallel::DataParallel(model::Gpt& model, DpGroups groups, DpOptions o)
+DataParallel::DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOptions o)
     : model_(model),
-      dp_(std::move(groups.dp)),
-      tp_(std::move(groups.tp)),
-      pp_(std::move(groups.pp)),
-      embedding_(std::move(groups.embedding)),
+      dp_(groups.dp),
+      tp_(groups.tp),
+      pp_(groups.pp),
+      embedding_(groups.embedding),
       opt_(std::move(o)) {
   if (opt_.zero < 0 || opt_.zero > 3)
     throw UserError("train.zero = " + std::to_string(opt_.zero) + " is not a ZeRO stage",

@@ -33,7 +33,6 @@
 // model-state memory ZeRO's formulas predict (docs/algorithms.md "Data parallel and ZeRO").
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -43,9 +42,11 @@
 #include "loom/ckpt/checkpoint.h"
 #include "loom/comm/communicator.h"
 #include "loom/core/state_memory.h"
+#include "loom/core/stats.h"
 #include "loom/model/gpt.h"
 #include "loom/optim/adamw.h"
 #include "loom/parallel/pipeline.h"
+#include "loom/parallel/process_groups.h"
 
 namespace loom::parallel {
 
@@ -75,18 +76,13 @@ struct DpOptions {
   std::shared_ptr<optim::MomentFile> moments;
 };
 
-// The groups of the mesh the engine uses; null where one would be this rank alone.
-struct DpGroups {
-  std::shared_ptr<comm::Communicator> dp;         // same part of the model, other data
-  std::shared_ptr<comm::Communicator> tp;         // the other tensor-parallel parts
-  std::shared_ptr<comm::Communicator> pp;         // the other pipeline stages
-  std::shared_ptr<comm::Communicator> embedding;  // first and last stage: the tied embedding
-};
-
 class DataParallel : public model::UnitHooks, public PipelineHooks {
  public:
-  // The model must be built without its own storage.
-  DataParallel(model::Gpt& model, DpGroups groups, DpOptions o);
+  // The model must be built without its own storage. Of the mesh's groups (null where one
+  // would be this rank alone) it uses dp (same part of the model, other data), tp (the
+  // other tensor-parallel parts), pp (the other pipeline stages) and embedding (the first
+  // and last stage: the tied embedding).
+  DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOptions o);
   ~DataParallel() override;
 
   int rank() const { return dp_ ? dp_->rank() : 0; }
@@ -201,9 +197,7 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
 
 template <typename Fn>
 void DataParallel::timed(Fn fn) {
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  comm_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  comm_wait_s_ += seconds_taken(fn);
 }
 
 }  // namespace loom::parallel

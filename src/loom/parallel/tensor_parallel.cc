@@ -1,8 +1,7 @@
 #include "loom/parallel/tensor_parallel.h"
 
-#include <chrono>
-
 #include "loom/core/check.h"
+#include "loom/core/stats.h"
 
 namespace loom::parallel {
 using comm::ReduceOp;
@@ -15,9 +14,7 @@ TensorParallel::TensorParallel(std::shared_ptr<comm::Communicator> group)
 
 template <typename Fn>
 void TensorParallel::timed(double bytes, Fn fn) {
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  counters_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  counters_.seconds += seconds_taken(fn);
   counters_.bytes += bytes;
 }
 

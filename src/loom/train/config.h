@@ -37,7 +37,7 @@ struct TrainConfig {
   std::string recompute = "none";     // none | all | every_K
   int64_t zero = 0;                   // ZeRO stage 0-3 (docs/algorithms.md "ZeRO")
   int64_t tp = 1;                     // tensor-parallel size (docs/algorithms.md)
-  int64_t pp = 1;                     // pipeline-parallel size (1: pipelines are not built yet)
+  int64_t pp = 1;                     // pipeline-parallel size (docs/algorithms.md)
   std::string placement = "cluster";  // cluster (= DPT) | spread (= TPD) | an order of D, P, T
   bool offload_activations = false;   // pipelines: spill waiting microbatches to disk
   bool profile = false;               // the timeline: run.dir/trace.json

@@ -767,7 +767,7 @@ int Trainer::run() {
     dpo.pipeline = true;
   }
   dp_ = std::make_unique<parallel::DataParallel>(
-      *model_, parallel::DpGroups{groups_.dp, groups_.tp, groups_.pp, groups_.embedding}, dpo);
+      *model_, groups_, dpo);
   if (rank_ == 0) {
     fs::create_directories(cfg_.run_dir);
     write_file_atomic(cfg_.run_dir + "/config.toml", cfg_.to_toml());

@@ -59,8 +59,8 @@ void ring_allreduce_members(Exec& x, const std::vector<int>& members, int me, co
   }
 }
 
-// Binomial reduce of `work` (already holding this rank's input) toward `root`, chunked so
-// a rank forwards chunk c to its parent while it receives chunk c+1 from its children.
+}  // namespace
+
 void binomial_reduce_inplace(Exec& x, void* work, size_t bytes, int root) {
   const int n = x.size(), vr = mod(x.rank() - root, n);
   const size_t chunk = pipeline_chunk(x.esize());
@@ -82,7 +82,6 @@ void binomial_reduce_inplace(Exec& x, void* work, size_t bytes, int root) {
   x.wait_all();
 }
 
-}  // namespace
 
 size_t pipeline_chunk(size_t esize) {
   size_t c = static_cast<size_t>(std::max<int64_t>(kPipelineChunk.get(), 64));

@@ -65,26 +65,11 @@ void broadcast_direct(Exec& x, void* buf, size_t bytes, int root) {
 }
 
 void reduce_tree(Exec& x, const void* in, void* out, size_t count, int root) {
-  const int n = x.size(), vr = mod(x.rank() - root, n);
   const size_t bytes = count * x.esize();
   void* work = x.rank() == root ? out : x.scratch(bytes);
   copy_bytes(work, in, bytes);
-  if (n == 1) return;
-  const size_t chunk = pipeline_chunk(x.esize());
-  size_t off = 0;
-  do {
-    size_t len = std::min(chunk, bytes - off);
-    for (int mask = 1; mask < n; mask <<= 1) {
-      if (vr & mask) {
-        x.send(mod(vr - mask + root, n), at(work, off), len);
-        break;
-      }
-      if (vr + mask < n)
-        x.wait(x.recv_reduce(mod(vr + mask + root, n), at(work, off), at(work, off), len));
-    }
-    off += len;
-  } while (off < bytes);
-  x.wait_all();
+  if (x.size() == 1) return;
+  binomial_reduce_inplace(x, work, bytes, root);
 }
 
 void reduce_direct(Exec& x, const void* in, void* out, size_t count, int root) {

@@ -28,6 +28,11 @@ size_t pipeline_chunk(size_t esize);
 // the receives overwrite `out` first). The sends are the caller's. Ends with wait_all().
 void reduce_all_in_rank_order(Exec& x, void* out, const void* own, size_t count);
 
+// Binomial reduce of `work` (already holding this rank's input) toward `root`, chunked so
+// a rank forwards chunk c to its parent while it receives chunk c+1 from its children
+// (allreduce_tree's first half, and reduce_tree). Ends with wait_all().
+void binomial_reduce_inplace(Exec& x, void* work, size_t bytes, int root);
+
 // LOOM_HIER_CHUNK: the pipeline chunk of the hierarchical algorithms (allreduce.cc).
 size_t hier_chunk_bytes();
 
