@@ -13,6 +13,7 @@
 #include "loom/comm/flight_recorder.h"
 #include "loom/comm/reduce.h"
 #include "loom/comm/store/prefix_store.h"
+#include "loom/comm/transport/shm/shm_pair.h"
 #include "loom/core/check.h"
 #include "loom/core/error.h"
 #include "loom/core/log.h"
@@ -617,6 +618,12 @@ void Communicator::recv(void* buf, size_t count, DType t, int peer, OpOptions o)
 WorkPtr Communicator::recv_any_async(void* buf, size_t count, DType t, int* source, OpOptions o) {
   LOOM_CHECK(source != nullptr);
   return recv_impl(false, buf, count, t, kAnyPeer, o, source);
+}
+
+TransportStats transport_stats() {
+  TransportStats s;
+  s.bytes_read_in_place = ShmPair::bytes_read_in_place();
+  return s;
 }
 
 }  // namespace loom::comm

@@ -327,4 +327,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::thread worker_;
 };
 
+// Counters of every communicator and transport of this process, since it started.
+struct TransportStats {
+  uint64_t bytes_read_in_place = 0;  // received by reading a sender's buffer in place (shm)
+};
+TransportStats transport_stats();
+
 }  // namespace loom::comm

@@ -14,6 +14,7 @@
 #include "loom/core/error.h"
 #include "loom/core/file.h"
 #include "loom/core/stats.h"
+#include "loom/profile/metrics_fields.h"
 
 namespace loom::profile {
 namespace {
@@ -165,11 +166,13 @@ std::string write_report(const ReportOptions& opt) {
   if (!fs::is_directory(dir))
     throw UserError("'" + dir + "' is not a folder", "give the run.dir of a `loom train` run");
   std::vector<json> metrics = read_jsonl(dir + "/metrics.jsonl", true);
+  namespace mf = loom::profile::metrics;
+  using F = mf::PerRank;
   json steps = json::array(), vals = json::array();
   for (json& m : metrics) {
-    if (m.contains("loss"))
+    if (m.contains(mf::kLoss.key))
       steps.push_back(std::move(m));
-    else if (m.contains("val_loss"))
+    else if (m.contains(mf::kValLoss))
       vals.push_back(std::move(m));
   }
   if (steps.empty())
@@ -198,17 +201,19 @@ std::string write_report(const ReportOptions& opt) {
   };
   std::vector<double> share;  // exposed communication / step time, mean over ranks
   for (const json& s : steps) {
-    if (!s.contains("exposed_comm_ms")) continue;
+    const char* exposed = mf::key(F::kExposedCommMs);
+    if (!s.contains(exposed)) continue;
     double sum = 0;
-    for (const json& x : s["exposed_comm_ms"]) sum += x.get<double>();
-    share.push_back(sum / s["exposed_comm_ms"].size() / s["step_ms"].get<double>());
+    for (const json& x : s[exposed]) sum += x.get<double>();
+    share.push_back(sum / s[exposed].size() / s[mf::kStepMs.key].get<double>());
   }
   double best_val = NAN;
   for (const json& v : vals)
-    best_val = std::isnan(best_val) ? v["val_loss"].get<double>()
-                                    : std::min(best_val, v["val_loss"].get<double>());
+    best_val = std::isnan(best_val) ? v[mf::kValLoss].get<double>()
+                                    : std::min(best_val, v[mf::kValLoss].get<double>());
   const json& last = steps.back();
-  const int ranks = last.contains("rss_peak_mb") ? static_cast<int>(last["rss_peak_mb"].size()) : 1;
+  const char* rss = mf::key(F::kRssPeakMb);
+  const int ranks = last.contains(rss) ? static_cast<int>(last[rss].size()) : 1;
   struct Row {
     const char* key;
     const char* label;
@@ -216,18 +221,18 @@ std::string write_report(const ReportOptions& opt) {
   };
   auto num = [](const char* f, double x) { return std::isnan(x) ? std::string("–") : fmt(f, x); };
   const std::vector<Row> rows = {
-      {"steps", "steps", std::to_string(last["step"].get<int64_t>())},
+      {"steps", "steps", std::to_string(last[mf::kStep].get<int64_t>())},
       {"ranks", "ranks", std::to_string(ranks)},
-      {"final_loss", "final training loss", num("%.4f", last["loss"].get<double>())},
+      {"final_loss", "final training loss", num("%.4f", last[mf::kLoss.key].get<double>())},
       {"best_val_loss", "best validation loss", num("%.4f", best_val)},
-      {"median_step_ms", "median step (ms)", num("%.1f", med("step_ms", 1))},
-      {"median_tokens_per_s", "median tokens/s", num("%.0f", med("tokens_per_s", 1))},
-      {"median_mfu_pct", "median MFU (%)", num("%.2f", med("mfu", 100))},
+      {"median_step_ms", "median step (ms)", num("%.1f", med(mf::kStepMs.key, 1))},
+      {"median_tokens_per_s", "median tokens/s", num("%.0f", med(mf::kTokensPerS.key, 1))},
+      {"median_mfu_pct", "median MFU (%)", num("%.2f", med(mf::kMfu.key, 100))},
       {"median_exposed_comm_pct", "median exposed communication (% of step)",
        num("%.1f", median(share) * 100)},
       {"peak_state_mb", "peak model state per rank (MiB)",
-       num("%.1f", max_over_ranks("state_peak_mb"))},
-      {"peak_rss_mb", "peak RSS per rank (MiB)", num("%.1f", max_over_ranks("rss_peak_mb"))},
+       num("%.1f", max_over_ranks(mf::key(F::kStatePeakMb)))},
+      {"peak_rss_mb", "peak RSS per rank (MiB)", num("%.1f", max_over_ranks(rss))},
   };
 
   std::ostringstream h;

@@ -15,7 +15,7 @@
 #include "loom/ckpt/checkpoint.h"
 #include "loom/comm/bootstrap.h"
 #include "loom/comm/flight_recorder.h"
-#include "loom/comm/transport/shm/shm_pair.h"
+#include "loom/comm/communicator.h"
 #include "loom/core/cpus.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
@@ -40,7 +40,7 @@
 
 namespace loom::train {
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using Clock = Trainer::Clock;
 
 namespace {
 
@@ -78,77 +78,10 @@ double peak_rss_bytes() {
   return static_cast<double>(ru.ru_maxrss) * 1024.0;
 }
 
-class Trainer {
- public:
-  Trainer(TrainConfig cfg, const TrainOptions& opt)
-      : cfg_(std::move(cfg)), opt_(opt), model_cfg_(model::GptConfig::named(cfg_.model_name)) {}
+}  // namespace
 
-  int run();
-
- private:
-  void resolve_model();  // train.init_from: the model's shape comes from the file
-  void plan_layout();    // the mesh and everything about the input it must divide
-  void open_data();
-  void check_run_dir();
-  void open_checkpoint();  // the newest checkpoint, checked against the config
-  int64_t restore();       // returns the first step to run
-  float train_step(int64_t step, double lr, double* grad_norm, bool* stop);
-  double evaluate();
-  train::ChoiceScores evaluate_task();  // eval.task
-  void run_evaluations(int64_t step, bool val);
-  void write_trace();
-  void save(int64_t next_step);
-  void log_step(int64_t step, float loss, double lr, double grad_norm, double step_s);
-  bool chatty() const { return !opt_.quiet && (rank_ == 0 || all_ranks_log_); }
-  // Small collectives for the loop (timed as communication): a sum over every rank, a
-  // rank-major allgather over every rank, a barrier.
-  std::vector<double> world_sum(std::vector<double> v);
-  std::vector<double> world_gather(const std::vector<double>& v);
-  void barrier();
-  void plan_check();
-  std::pair<double, double> clock_offset_us();
-
-  TrainConfig cfg_;
-  TrainOptions opt_;
-  model::GptConfig model_cfg_;
-  std::unique_ptr<model::Gpt> model_;
-  comm::LaunchInfo launch_;
-  int rank_ = 0, world_ = 1;
-  std::optional<parallel::Mesh> mesh_;
-  parallel::MeshCoord coord_;
-  parallel::ProcessGroups groups_;
-  bool all_ranks_log_ = false;
-  std::unique_ptr<parallel::TensorParallel> tp_;
-  std::unique_ptr<parallel::PipelineStage> pipeline_;     // train.pp > 1
-  std::unique_ptr<parallel::ActivationOffload> offload_;  // until the pipeline takes it
-  std::shared_ptr<optim::MomentFile> moments_;            // zero.offload = disk
-  std::vector<parallel::UnitRange> pieces_;               // units of each virtual stage
-  parallel::ScheduleKind schedule_ = parallel::ScheduleKind::kOneFOneB;
-  std::unique_ptr<parallel::DataParallel> dp_;
-  std::optional<data::TokenDataset> train_data_, val_data_;
-  std::optional<ckpt::Reader> checkpoint_;  // the one to resume from, if any
-  std::optional<interop::ModelFile> init_;  // train.init_from's weights
-  std::vector<train::ChoiceItem> task_;     // eval.task's items
-  std::shared_ptr<const data::Gpt2Tokenizer> tokenizer_;
-  std::optional<data::Loader> loader_, val_loader_;
-  std::vector<int32_t> x_, y_;
-  std::unique_ptr<TensorBoardWriter> tb_;
-  std::ofstream metrics_;
-  double peak_gflops_ = 0;  // all ranks together
-  double peak_lr_ = 0;
-  Clock::time_point started_;
-  // The last step's time by kind (log_step's breakdown): the data loader, the forward,
-  // backward and gradient reductions, the optimizer (with ZeRO's gathers and any offload),
-  // and the data-parallel communication waited for during the first two and the optimizer.
-  double data_s_ = 0, fb_s_ = 0, optim_s_ = 0, fb_comm_s_ = 0, optim_comm_s_ = 0;
-  uint64_t in_place_seen_ = 0;  // comm::ShmPair::bytes_read_in_place() at the last step
-  std::unique_ptr<profile::SystemSampler> sampler_;  // rank 0: system.jsonl
-  // For --plan: every step's time and the largest model-state and activation high-water
-  // marks over the ranks.
-  std::vector<double> step_s_;
-  double state_peak_max_ = 0, act_peak_max_ = 0;
-  int64_t first_step_ = 0;
-};
+Trainer::Trainer(TrainConfig cfg, const TrainOptions& opt)
+    : cfg_(std::move(cfg)), opt_(opt), model_cfg_(model::GptConfig::named(cfg_.model_name)) {}
 
 void Trainer::open_data() {
   if (!fs::is_directory(cfg_.data_path))
@@ -158,6 +91,8 @@ void Trainer::open_data() {
   const int B = static_cast<int>(cfg_.global_batch), T = static_cast<int>(cfg_.seq_len);
   loader_.emplace(*train_data_, data::BatchShape{B, T, coord_.dp, mesh_->dp()},
                   static_cast<uint64_t>(cfg_.seed));
+  x_.resize(static_cast<size_t>(cfg_.micro_batch * cfg_.grad_accum * cfg_.seq_len));
+  y_.resize(x_.size());
   if (cfg_.eval_every > 0) {
     val_data_.emplace(data::TokenDataset::open(cfg_.data_path, "val"));
     const int vb = static_cast<int>(cfg_.micro_batch);
@@ -237,7 +172,7 @@ void Trainer::save(int64_t next_step) {
 }
 
 // This boot of this machine (/proc/sys/kernel/random/boot_id), as 32 bits a double holds.
-double boot_id_hash() {
+static double boot_id_hash() {
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::string id;
   std::getline(f, id);
@@ -393,6 +328,16 @@ float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop
   return static_cast<float>(sums[0] / (mesh_->dp() * mesh_->tp()));
 }
 
+// One micro-batch forward through this layout (evaluation): the mean loss on the rank that
+// computes it (0 on other pipeline stages), and, if `losses` is given, the per-position
+// losses there.
+double Trainer::layout_forward(const int* x, const int* y, int mb, int T, float* losses) {
+  if (pipeline_) return pipeline_->forward_only(x, y, mb, T, 1, dp_.get(), losses);
+  const double loss = dp_->forward(x, y, mb, T);
+  if (losses) std::copy_n(model_->losses(), static_cast<size_t>(mb) * T, losses);
+  return loss;
+}
+
 // Each data-parallel replica evaluates every dp-th batch; rounds stay in step on all ranks
 // (ZeRO-3's and tensor parallelism's forward are collective), a replica past the end
 // repeats a batch with weight 0.
@@ -404,8 +349,7 @@ double Trainer::evaluate() {
   for (int64_t first = 0; first < n; first += mesh_->dp()) {  // the same batches every time
     const int64_t i = first + coord_.dp;
     val_loader_->batch(static_cast<uint64_t>(i % n), x.data(), y.data());
-    const double loss = pipeline_ ? pipeline_->forward_only(x.data(), y.data(), mb, T, 1, dp_.get())
-                                  : dp_->forward(x.data(), y.data(), mb, T);
+    const double loss = layout_forward(x.data(), y.data(), mb, T, nullptr);
     if (i < n) sum += loss;
   }
   // Summed over every rank: each replica's last stage counted once per tensor-parallel rank.
@@ -429,12 +373,7 @@ train::ChoiceScores Trainer::evaluate_task() {
       for (int r = 0; r < rows; ++r)
         for (int t = 0; t < Tn; ++t)
           x[r * T + t] = tokens[(r0 + r) * Tn + t], y[r * T + t] = targets[(r0 + r) * Tn + t];
-      if (pipeline_) {
-        pipeline_->forward_only(x.data(), y.data(), mb, T, 1, dp_.get(), losses.data());
-      } else {
-        dp_->forward(x.data(), y.data(), mb, T);
-        std::copy_n(model_->losses(), losses.size(), losses.data());
-      }
+      layout_forward(x.data(), y.data(), mb, T, losses.data());
       for (int r = 0; r < rows; ++r)
         for (int t = 0; t < Tn; ++t) out[(r0 + r) * Tn + t] = losses[r * T + t];
     }
@@ -502,111 +441,92 @@ void Trainer::barrier() {
   if (groups_.world) groups_.world->barrier();
 }
 
-void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, double step_s) {
-  // Per-rank memory: the model-state high-water mark (parameters, gradients, optimizer
-  // state, gathered buffers), the activation buffers and the process's peak RSS.
-  // Under a pipeline the activations are the most its held microbatches took at once.
+// This rank's part of the step's metrics, gathered from every rank (profile/metrics_fields.h);
+// the counters it reads are reset for the next step.
+RankMetrics Trainer::rank_metrics() {
+  using F = RankMetrics::PerRank;
+  constexpr double kMiB = 1 << 20;
+  RankMetrics m;
+  // Memory: the model-state high-water mark (parameters, gradients, optimizer state,
+  // gathered buffers), the activation buffers and the process's peak RSS. Under a pipeline
+  // the activations are the most its held microbatches took at once.
   double act = static_cast<double>(model_->activation_bytes());
   double block_act = static_cast<double>(model_->block_activation_bytes());
-  double pp_wait_ms = 0, offload_mb = 0;
+  double pp_wait_ms = 0;
   if (pipeline_) {
     act += static_cast<double>(pipeline_->peak_activation_bytes());
     block_act = static_cast<double>(pipeline_->peak_block_activation_bytes());
     pp_wait_ms = pipeline_->wait_s() * 1e3;
-    if (pipeline_->offload()) offload_mb = pipeline_->offload()->bytes_written() / (1 << 20);
+    if (pipeline_->offload()) m.set(F::kOffloadMb, pipeline_->offload()->bytes_written() / kMiB);
     pipeline_->reset_counters();
   }
-  double moments_mb = 0;  // optimizer state moved to and from its file in the step
-  if (moments_) {
-    moments_mb = (moments_->bytes_read() + moments_->bytes_written()) / (1 << 20);
+  if (!pipeline_) m.leave_out(F::kPpWaitMs);
+  if (!pipeline_ || !pipeline_->offload()) m.leave_out(F::kOffloadMb);
+  if (moments_) {  // optimizer state moved to and from its file in the step
+    m.set(F::kZeroOffloadMb, (moments_->bytes_read() + moments_->bytes_written()) / kMiB);
     moments_->reset_counters();
+  } else {
+    m.leave_out(F::kZeroOffloadMb);
   }
-  const double comm_wait_ms = dp_->comm_wait_s() * 1e3;
-  dp_->reset_comm_wait();
-  step_s_.push_back(step_s);
-  const double tp_comm_ms = tp_ ? tp_->counters().seconds * 1e3 : 0;
-  const double tp_comm_mb = tp_ ? tp_->counters().bytes / (1 << 20) : 0;
-  if (tp_) tp_->reset_counters();
   // This rank's step by kind (docs/formats.md, metrics.jsonl): communication it waited for
   // outside the optimizer (data-parallel, tensor-parallel, pipeline receives), compute = the
   // forward/backward time less the communication waited for inside it.
+  const double tp_comm_ms = tp_ ? tp_->counters().seconds * 1e3 : 0;
   const double blocked_ms = tp_comm_ms + pp_wait_ms;
-  const double exposed_ms = comm_wait_ms - optim_comm_s_ * 1e3 + blocked_ms;
-  const double compute_ms = std::max(0.0, (fb_s_ - fb_comm_s_) * 1e3 - blocked_ms);
+  const double comm_wait_ms = dp_->comm_wait_s() * 1e3;
   // Bytes this rank received by reading senders' buffers in place in the step (shared
   // buffers, docs/algorithms.md "Single copy").
-  const uint64_t in_place = comm::ShmPair::bytes_read_in_place();
-  const double in_place_mb = static_cast<double>(in_place - in_place_seen_) / (1 << 20);
+  const uint64_t in_place = comm::transport_stats().bytes_read_in_place;
+  m.set(F::kStatePeakMb, static_cast<double>(StateMemory::peak()) / kMiB);
+  m.set(F::kRssPeakMb, peak_rss_bytes() / kMiB);
+  m.set(F::kActivationMb, act / kMiB);
+  m.set(F::kBlockActivationMb, block_act / kMiB);
+  m.set(F::kPpWaitMs, pp_wait_ms);
+  m.set(F::kOptimMs, optim_s_ * 1e3);
+  m.set(F::kDataMs, data_s_ * 1e3);
+  m.set(F::kComputeMs, std::max(0.0, (fb_s_ - fb_comm_s_) * 1e3 - blocked_ms));
+  m.set(F::kExposedCommMs, comm_wait_ms - optim_comm_s_ * 1e3 + blocked_ms);
+  m.set(F::kCommInPlaceMb, static_cast<double>(in_place - in_place_seen_) / kMiB);
   in_place_seen_ = in_place;
-  constexpr int kPerRank = 12;
-  const auto mem = world_gather({static_cast<double>(StateMemory::peak()), peak_rss_bytes(), act,
-                                 block_act, pp_wait_ms, offload_mb, moments_mb, optim_s_ * 1e3,
-                                 data_s_ * 1e3, compute_ms, exposed_ms, in_place_mb});
-  for (int q = 0; q < world_; ++q) {
-    state_peak_max_ = std::max(state_peak_max_, mem[kPerRank * q]);
-    act_peak_max_ = std::max(act_peak_max_, mem[kPerRank * q + 2]);
-  }
+  m.gather([this](const std::vector<double>& v) { return world_gather(v); });
+  state_peak_max_mb_ = std::max(state_peak_max_mb_, m.max_over_ranks(F::kStatePeakMb));
+  act_peak_max_mb_ = std::max(act_peak_max_mb_, m.max_over_ranks(F::kActivationMb));
+  return m;
+}
+
+void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, double step_s) {
+  namespace mf = profile::metrics;
+  const double comm_wait_ms = dp_->comm_wait_s() * 1e3;
+  const double tp_comm_ms = tp_ ? tp_->counters().seconds * 1e3 : 0;
+  const double tp_comm_mb = tp_ ? tp_->counters().bytes / (1 << 20) : 0;
+  const RankMetrics ranks = rank_metrics();
+  dp_->reset_comm_wait();
+  if (tp_) tp_->reset_counters();
+  step_s_.push_back(step_s);
   if (rank_ != 0) return;
   const double tokens = static_cast<double>(cfg_.global_batch) * cfg_.seq_len;
   const double tps = tokens / step_s;
   const double mfu =
       model_cfg_.flops_per_token(static_cast<int>(cfg_.seq_len)) * tps / (peak_gflops_ * 1e9);
-  nlohmann::json state_mb = nlohmann::json::array(), rss_mb = nlohmann::json::array(),
-                 act_mb = nlohmann::json::array(), block_act_mb = nlohmann::json::array(),
-                 wait_ms = nlohmann::json::array(), spill_mb = nlohmann::json::array(),
-                 zero_io_mb = nlohmann::json::array(), optim_ms = nlohmann::json::array(),
-                 data_ms = nlohmann::json::array(), compute = nlohmann::json::array(),
-                 exposed = nlohmann::json::array(), in_place_mb_all = nlohmann::json::array();
-  for (int q = 0; q < world_; ++q) {
-    const double* r = mem.data() + kPerRank * q;
-    state_mb.push_back(r[0] / (1 << 20));
-    rss_mb.push_back(r[1] / (1 << 20));
-    act_mb.push_back(r[2] / (1 << 20));
-    block_act_mb.push_back(r[3] / (1 << 20));
-    wait_ms.push_back(r[4]);
-    spill_mb.push_back(r[5]);
-    zero_io_mb.push_back(r[6]);
-    optim_ms.push_back(r[7]);
-    data_ms.push_back(r[8]);
-    compute.push_back(r[9]);
-    exposed.push_back(r[10]);
-    in_place_mb_all.push_back(r[11]);
+  const std::vector<std::pair<mf::ScalarField, double>> job = {
+      {mf::kLoss, loss},          {mf::kLr, lr},
+      {mf::kGradNorm, grad_norm}, {mf::kStepMs, step_s * 1e3},
+      {mf::kCommWaitMs, comm_wait_ms}, {mf::kTokensPerS, tps},
+      {mf::kMfu, mfu}};
+  nlohmann::json j = {{mf::kStep, step + 1}};
+  std::vector<std::pair<std::string, double>> scalars;
+  for (const auto& [field, value] : job) {
+    j[field.key] = value;
+    scalars.push_back({field.tensorboard, value});
   }
-  nlohmann::json j = {{"step", step + 1},
-                      {"loss", loss},
-                      {"lr", lr},
-                      {"grad_norm", grad_norm},
-                      {"step_ms", step_s * 1e3},
-                      {"comm_wait_ms", comm_wait_ms},
-                      {"tokens_per_s", tps},
-                      {"mfu", mfu},
-                      {"state_peak_mb", state_mb},
-                      {"rss_peak_mb", rss_mb},
-                      {"activation_mb", act_mb},
-                      {"block_activation_mb", block_act_mb},
-                      {"optim_ms", optim_ms},
-                      {"data_ms", data_ms},
-                      {"compute_ms", compute},
-                      {"exposed_comm_ms", exposed},
-                      {"comm_in_place_mb", in_place_mb_all}};
-  if (tp_) j["tp_comm_ms"] = tp_comm_ms, j["tp_comm_mb"] = tp_comm_mb;
-  if (pipeline_) j["pp_wait_ms"] = wait_ms;
-  if (pipeline_ && pipeline_->offload()) j["offload_mb"] = spill_mb;
-  if (moments_) j["zero_offload_mb"] = zero_io_mb;
+  if (tp_) {
+    j[mf::kTpCommMs.key] = tp_comm_ms, j[mf::kTpCommMb.key] = tp_comm_mb;
+    scalars.push_back({mf::kTpCommMs.tensorboard, tp_comm_ms});
+  }
+  ranks.write(j);
   metrics_ << j.dump() << "\n";
   metrics_.flush();
-  std::vector<std::pair<std::string, double>> scalars = {{"train/loss", loss},
-                                                         {"train/lr", lr},
-                                                         {"train/grad_norm", grad_norm},
-                                                         {"perf/step_ms", step_s * 1e3},
-                                                         {"perf/comm_wait_ms", comm_wait_ms},
-                                                         {"perf/tokens_per_s", tps},
-                                                         {"perf/mfu", mfu}};
-  if (tp_) scalars.push_back({"perf/tp_comm_ms", tp_comm_ms});
-  for (int q = 0; q < world_; ++q) {
-    scalars.push_back({"memory/state_peak_mb/rank" + std::to_string(q), state_mb[q]});
-    scalars.push_back({"memory/rss_peak_mb/rank" + std::to_string(q), rss_mb[q]});
-  }
+  ranks.add_scalars(scalars);
   if (sampler_ && sampler_->samples() > 0) {  // the system's latest sample
     const profile::SystemSample s = sampler_->latest();
     double busy = 0;
@@ -720,29 +640,51 @@ int Trainer::run() {
   // any rank connects or writes.
   resolve_model();
   plan_layout();
+  set_threads();
+  build_model();
+  open_data();
+  check_run_dir();
+  open_checkpoint();
+  open_offload();
+  // Then the ranks connect, and the parallel state takes the model's memory.
+  build_parallel_state();
+  open_outputs();
+  resolve_precision();
+  print_banner();
+  return loop();
+}
+
+void Trainer::set_threads() {
   const int cpus = cpus_available();
-  const int threads =
+  threads_ =
       cfg_.threads > 0 ? static_cast<int>(cfg_.threads) : std::max(1, cpus / launch_.local_size);
-  omp_set_num_threads(threads);
-  const std::string threads_why =
-      cfg_.threads > 0 ? " (train.threads)"
-                       : " (" + std::to_string(cpus) + " CPUs this process may use / " +
-                             std::to_string(launch_.local_size) + " rank(s) on this machine)";
+  omp_set_num_threads(threads_);
+  threads_why_ = cfg_.threads > 0 ? " (train.threads)"
+                                  : " (" + std::to_string(cpus) + " CPUs this process may use / " +
+                                        std::to_string(launch_.local_size) +
+                                        " rank(s) on this machine)";
+}
+
+void Trainer::build_model() {
   model_ = std::make_unique<model::Gpt>(
       model_cfg_, /*own_storage=*/false,
       model::TensorSplit{mesh_->tp(), coord_.tp, cfg_.sequence_parallel});
   model_->set_recompute_every(cfg_.recompute_every());
-  open_data();
-  check_run_dir();
-  open_checkpoint();
-  // Offload folders must be writable before anyone connects.
+}
+
+void Trainer::open_offload() {
   if (cfg_.offload_activations)
     offload_ = std::make_unique<parallel::ActivationOffload>(
         cfg_.offload_dir.empty() ? cfg_.run_dir + "/spill" : cfg_.offload_dir, rank_);
   if (cfg_.zero_offload == "disk")
     moments_ = std::make_shared<optim::MomentFile>(
         cfg_.zero_offload_dir.empty() ? cfg_.run_dir + "/offload" : cfg_.zero_offload_dir, rank_);
+}
 
+// The process groups of the mesh, then the parallel state over them: tensor parallelism
+// (the model's TpComm), the pipeline stage, and data parallelism / ZeRO over the units
+// this rank holds, which owns the model's parameter, gradient and optimizer memory.
+void Trainer::build_parallel_state() {
   groups_ = parallel::make_process_groups(world_ > 1 ? comm::init_from_env() : nullptr, *mesh_);
   if (groups_.tp) {
     tp_ = std::make_unique<parallel::TensorParallel>(groups_.tp);
@@ -766,82 +708,89 @@ int Trainer::run() {
     dpo.unit0_is_head_copy = pipeline_->last() && !pipeline_->first();
     dpo.pipeline = true;
   }
-  dp_ = std::make_unique<parallel::DataParallel>(
-      *model_, groups_, dpo);
+  dp_ = std::make_unique<parallel::DataParallel>(*model_, groups_, dpo);
+}
+
+void Trainer::open_outputs() {
   if (rank_ == 0) {
     fs::create_directories(cfg_.run_dir);
     write_file_atomic(cfg_.run_dir + "/config.toml", cfg_.to_toml());
   }
   first_step_ = restore();
-  if (rank_ == 0) {
-    truncate_metrics(cfg_.run_dir + "/metrics.jsonl", first_step_);
-    metrics_.open(cfg_.run_dir + "/metrics.jsonl", std::ios::app);
-    if (!metrics_)
-      throw UserError("cannot append to " + cfg_.run_dir + "/metrics.jsonl",
-                      "check that run.dir is writable");
-    tb_ = std::make_unique<TensorBoardWriter>(cfg_.run_dir);
-    if (cfg_.system_sample_s > 0)
-      sampler_ = std::make_unique<profile::SystemSampler>(cfg_.run_dir + "/system.jsonl",
-                                                          cfg_.system_sample_s);
-  }
-  // GEMM peaks, fp32 and bf16 (summed over the ranks): train.dtype = auto picks bf16 only
-  // where it is faster, an explicit bf16 that is slower gets a warning. metrics.peak_gflops
-  // replaces the measured peak for MFU (with an explicit fp32 nothing is measured).
-  const std::string requested_dtype = cfg_.dtype;
-  double peaks[2] = {0, 0};
+  if (rank_ != 0) return;
+  truncate_metrics(cfg_.run_dir + "/metrics.jsonl", first_step_);
+  metrics_.open(cfg_.run_dir + "/metrics.jsonl", std::ios::app);
+  if (!metrics_)
+    throw UserError("cannot append to " + cfg_.run_dir + "/metrics.jsonl",
+                    "check that run.dir is writable");
+  tb_ = std::make_unique<TensorBoardWriter>(cfg_.run_dir);
+  if (cfg_.system_sample_s > 0)
+    sampler_ = std::make_unique<profile::SystemSampler>(cfg_.run_dir + "/system.jsonl",
+                                                        cfg_.system_sample_s);
+}
+
+// GEMM peaks, fp32 and bf16 (summed over the ranks): train.dtype = auto picks bf16 only
+// where it is faster, an explicit bf16 that is slower gets a warning. metrics.peak_gflops
+// replaces the measured peak for MFU (with an explicit fp32 nothing is measured). A resumed
+// run keeps the precision its checkpoint was trained in (bit-exact resume).
+void Trainer::resolve_precision() {
+  requested_dtype_ = cfg_.dtype;
   if (cfg_.peak_gflops <= 0 || cfg_.dtype != "fp32") {
     const auto sums =
         world_sum({kernels::cpu::measure_peak_gflops(kernels::cpu::Precision::kF32),
                    kernels::cpu::measure_peak_gflops(kernels::cpu::Precision::kBF16)});
-    peaks[0] = sums[0], peaks[1] = sums[1];
+    peaks_[0] = sums[0], peaks_[1] = sums[1];
   }
-  // A resumed run keeps the precision its checkpoint was trained in (bit-exact resume).
   const nlohmann::json* meta = checkpoint_ ? &checkpoint_->meta() : nullptr;
-  cfg_.dtype = requested_dtype == "auto" && meta && meta->contains("dtype")
+  cfg_.dtype = requested_dtype_ == "auto" && meta && meta->contains("dtype")
                    ? (*meta)["dtype"].get<std::string>()
-                   : TrainConfig::resolve_dtype(requested_dtype, peaks[0], peaks[1],
+                   : TrainConfig::resolve_dtype(requested_dtype_, peaks_[0], peaks_[1],
                                                 kernels::cpu::native_bf16());
   const bool bf16 = cfg_.dtype == "bf16";
   model_->set_precision(bf16 ? kernels::cpu::Precision::kBF16 : kernels::cpu::Precision::kF32);
-  peak_gflops_ = cfg_.peak_gflops > 0 ? cfg_.peak_gflops * world_ : peaks[bf16 ? 1 : 0];
-  if (requested_dtype == "bf16" && peaks[1] < peaks[0] && rank_ == 0)
+  peak_gflops_ = cfg_.peak_gflops > 0 ? cfg_.peak_gflops * world_ : peaks_[bf16 ? 1 : 0];
+  if (requested_dtype_ == "bf16" && peaks_[1] < peaks_[0] && rank_ == 0)
     std::fprintf(stderr,
                  "loom: warning: train.dtype = bf16, but bf16 products run at %.0f GFLOP/s here "
                  "against %.0f in fp32 (no AVX-512 BF16?); train.dtype = auto would pick fp32\n",
-                 peaks[1] / world_, peaks[0] / world_);
+                 peaks_[1] / world_, peaks_[0] / world_);
   peak_lr_ = cfg_.lr_scale == "linear" ? cfg_.lr * mesh_->dp() : cfg_.lr;
-  x_.resize(static_cast<size_t>(cfg_.micro_batch * cfg_.grad_accum * cfg_.seq_len));
-  y_.resize(x_.size());
-  if (chatty()) {
-    double params = 0;  // the whole model's, whatever this rank holds of it
-    for (const model::Tensor& t : model_->tensors()) params += static_cast<double>(numel(t.shape));
+}
+
+void Trainer::print_banner() const {
+  if (!chatty()) return;
+  double params = 0;  // the whole model's, whatever this rank holds of it
+  for (const model::Tensor& t : model_->tensors()) params += static_cast<double>(numel(t.shape));
+  const std::string peaks =
+      peaks_[0] > 0 ? " (GEMM peaks per rank: fp32 " + std::to_string(std::lround(peaks_[0] / world_)) +
+                          ", bf16 " + std::to_string(std::lround(peaks_[1] / world_)) + ")"
+                    : "";
+  std::printf(
+      "loom: training %s (%.1fM parameters) on %s: %lld steps of %lld sequences x %lld "
+      "tokens (micro-batch %lld x %lld accumulation x %d data-parallel, ZeRO %lld), %s%s, "
+      "threads per rank: %d%s, MFU peak %.0f GFLOP/s%s\n",
+      model_cfg_.name.c_str(), params / 1e6, cfg_.data_path.c_str(),
+      static_cast<long long>(cfg_.steps), static_cast<long long>(cfg_.global_batch),
+      static_cast<long long>(cfg_.seq_len), static_cast<long long>(cfg_.micro_batch),
+      static_cast<long long>(cfg_.grad_accum), mesh_->dp(), static_cast<long long>(cfg_.zero),
+      cfg_.dtype.c_str(), requested_dtype_ == "auto" ? " (auto)" : "", threads_,
+      threads_why_.c_str(), peak_gflops_, peaks.c_str());
+  std::printf("loom: layout %s%s\n", mesh_->describe().c_str(),
+              cfg_.sequence_parallel && mesh_->tp() > 1 ? ", sequence parallel" : "");
+  if (pipeline_)
     std::printf(
-        "loom: training %s (%.1fM parameters) on %s: %lld steps of %lld sequences x %lld "
-        "tokens (micro-batch %lld x %lld accumulation x %d data-parallel, ZeRO %lld), %s%s, "
-        "threads per rank: %d%s, MFU peak %.0f GFLOP/s%s\n",
-        model_cfg_.name.c_str(), params / 1e6, cfg_.data_path.c_str(),
-        static_cast<long long>(cfg_.steps), static_cast<long long>(cfg_.global_batch),
-        static_cast<long long>(cfg_.seq_len), static_cast<long long>(cfg_.micro_batch),
-        static_cast<long long>(cfg_.grad_accum), mesh_->dp(), static_cast<long long>(cfg_.zero),
-        cfg_.dtype.c_str(), requested_dtype == "auto" ? " (auto)" : "", threads,
-        threads_why.c_str(), peak_gflops_,
-        peaks[0] > 0
-            ? (" (GEMM peaks per rank: fp32 " + std::to_string(std::lround(peaks[0] / world_)) +
-               ", bf16 " + std::to_string(std::lround(peaks[1] / world_)) + ")")
-                  .c_str()
-            : "");
-    std::printf("loom: layout %s%s\n", mesh_->describe().c_str(),
-                cfg_.sequence_parallel && mesh_->tp() > 1 ? ", sequence parallel" : "");
-    if (pipeline_)
-      std::printf(
-          "loom: pipeline %s, %lld microbatches%s, %d chunk(s) per stage: %s\n",
-          cfg_.pp_schedule.c_str(), static_cast<long long>(cfg_.grad_accum),
-          cfg_.pp_active_microbatches > 0
-              ? (" (at most " + std::to_string(cfg_.pp_active_microbatches) + " active)").c_str()
-              : "",
-          static_cast<int>(cfg_.pp_virtual_stages),
-          parallel::describe_stages(pieces_, model_cfg_.n_layer).c_str());
-  }
+        "loom: pipeline %s, %lld microbatches%s, %d chunk(s) per stage: %s\n",
+        cfg_.pp_schedule.c_str(), static_cast<long long>(cfg_.grad_accum),
+        cfg_.pp_active_microbatches > 0
+            ? (" (at most " + std::to_string(cfg_.pp_active_microbatches) + " active)").c_str()
+            : "",
+        static_cast<int>(cfg_.pp_virtual_stages),
+        parallel::describe_stages(pieces_, model_cfg_.n_layer).c_str());
+}
+
+// The steps, each followed by its metrics, the evaluations and checkpoints due after it;
+// a stop signal ends the loop at the next step boundary with a checkpoint.
+int Trainer::loop() {
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   started_ = Clock::now();
@@ -956,23 +905,21 @@ void Trainer::plan_check() {
           {"embedding_and_head_busy_ms", k.ends_busy_s * 1e3},
           {"link_gbps", k.shm_gbps}}}}},
       {"measured",
-       {{"state_mb", state_peak_max_ / mib},
-        {"activation_mb", act_peak_max_ / mib},
+       {{"state_mb", state_peak_max_mb_},
+        {"activation_mb", act_peak_max_mb_},
         {"step_ms", measured_s * 1e3},
         {"steps", steps.size()}}},
       {"error",
-       {{"state", err(p.state(), state_peak_max_)}, {"step", err(p.step_s(), measured_s)}}}};
+       {{"state", err(p.state(), state_peak_max_mb_ * mib)}, {"step", err(p.step_s(), measured_s)}}}};
   write_file_atomic(cfg_.run_dir + "/plan.json", j.dump(2) + "\n");
   std::printf(
       "loom: plan vs measured (%s): model state per rank %.2f MiB predicted, %.2f measured "
       "(%+.1f%%); step %.1f ms predicted, %.1f measured median (%+.1f%%); activations %.2f "
       "MiB predicted, %.2f measured\n",
-      l.describe().c_str(), p.state() / mib, state_peak_max_ / mib,
-      100 * err(p.state(), state_peak_max_), p.step_s() * 1e3, measured_s * 1e3,
-      100 * err(p.step_s(), measured_s), p.activations / mib, act_peak_max_ / mib);
+      l.describe().c_str(), p.state() / mib, state_peak_max_mb_,
+      100 * err(p.state(), state_peak_max_mb_ * mib), p.step_s() * 1e3, measured_s * 1e3,
+      100 * err(p.step_s(), measured_s), p.activations / mib, act_peak_max_mb_);
 }
-
-}  // namespace
 
 int train(TrainConfig cfg, const TrainOptions& opt) {
   Trainer t(std::move(cfg), opt);
