@@ -141,6 +141,43 @@ TEST(Mesh, BadLayoutsNameTheNumbers) {
 
 // ---- boxes ----
 
+// The ZeRO stages as policies: the table in parallel/sharding.h, decision by decision.
+TEST(ShardingPolicy, EachStageMakesTheTablesThreeDecisions) {
+  using parallel::GradHome;
+  using parallel::OptimizerRange;
+  using parallel::ParamHome;
+  struct Row {
+    ParamHome params;
+    GradHome grads;
+    OptimizerRange optimizer;
+    bool gathers_after_step;
+  };
+  const Row table[4] = {
+      {ParamHome::kReplicated, GradHome::kAllReduced, OptimizerRange::kWholeUnit, false},
+      {ParamHome::kReplicated, GradHome::kReduceScatteredInPlace, OptimizerRange::kOwnShard, true},
+      {ParamHome::kReplicated, GradHome::kReduceScatteredIntoShard, OptimizerRange::kOwnShard,
+       true},
+      {ParamHome::kGatheredOnUse, GradHome::kReduceScatteredIntoShard, OptimizerRange::kOwnShard,
+       false},
+  };
+  for (int stage = 0; stage < 4; ++stage) {
+    const auto p = parallel::make_sharding_policy(stage);
+    EXPECT_EQ(p->stage(), stage);
+    EXPECT_EQ(p->params(), table[stage].params) << stage;
+    EXPECT_EQ(p->grads(), table[stage].grads) << stage;
+    EXPECT_EQ(p->optimizer(), table[stage].optimizer) << stage;
+    EXPECT_EQ(p->gathers_after_step(), table[stage].gathers_after_step) << stage;
+    // Alone in its shard group (and no replicas) a stage above 1 holds what stage 1 holds.
+    EXPECT_EQ(parallel::make_sharding_policy(stage, true)->stage(), std::min(stage, 1));
+  }
+  for (int bad : {-1, 4}) try {
+      parallel::make_sharding_policy(bad);
+      ADD_FAILURE() << bad << " was taken as a ZeRO stage";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("is not a ZeRO stage"), std::string::npos) << e.what();
+    }
+}
+
 TEST(Box, RunsVisitABoxInItsOrder) {
   // Columns 2..4 of rows 1..2 of a (3, 5) tensor, then a range inside that box.
   const Shape shape{3, 5};
@@ -366,8 +403,8 @@ TEST_P(DataParallelSteps, LossesOfOneProcessAndZerosMemory) {
     parallel::DpOptions o;
     o.zero = zero;
     o.shared_gather = k.shared_gather;
-    parallel::DataParallel engine(m, parallel::ProcessGroups{nullptr, dp, nullptr, nullptr, nullptr},
-                                  o);
+    parallel::DataParallel engine(
+        m, parallel::ProcessGroups{nullptr, dp, nullptr, nullptr, nullptr}, o);
     engine.init_weights(7);
     std::vector<float> losses;
     const int mine = rows / n;

@@ -43,28 +43,14 @@ DataParallel::DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOpt
       pp_(groups.pp),
       embedding_(groups.embedding),
       opt_(std::move(o)) {
-  if (opt_.zero < 0 || opt_.zero > 3)
-    throw UserError("train.zero = " + std::to_string(opt_.zero) + " is not a ZeRO stage",
-                    "use 0 (data parallel), 1, 2 or 3");
-  shard_group_ = dp_;
-  if (dp_ && opt_.shard_within_node && opt_.zero > 0 && dp_->topology().nhosts() > 1) {
-    const comm::Topology& topo = dp_->topology();
-    const auto& hosts = topo.hosts;
-    for (const auto& h : hosts)
-      if (h.size() != hosts[0].size())
-        throw UserError("zero.shard_group = node needs the same number of ranks on every machine",
-                        "start as many ranks on each machine, or use zero.shard_group = world");
-    const int host = topo.host_of[dp_->rank()];
-    const auto& mine = topo.local(dp_->rank());
-    const int local =
-        static_cast<int>(std::find(mine.begin(), mine.end(), dp_->rank()) - mine.begin());
-    shard_group_ = dp_->split(host, dp_->rank());
-    replica_group_ = dp_->split(local, dp_->rank());
-  }
+  policy_ = make_sharding_policy(opt_.zero);
+  // zero.shard_group = node: the mesh's groups hold the machine's shard group and the
+  // replica group across machines (parallel/process_groups.h).
+  shard_group_ = policy_->shards() && groups.shard ? groups.shard : dp_;
+  if (policy_->shards()) replica_group_ = groups.replica;
   S_ = shard_group_ ? shard_group_->size() : 1;
   r_ = shard_group_ ? shard_group_->rank() : 0;
-  // One rank with nothing to shard or reduce: stages 2-3 hold what stage 1 holds.
-  if (S_ == 1 && !replica_group_) opt_.zero = std::min(opt_.zero, 1);
+  policy_ = make_sharding_policy(policy_->stage(), S_ == 1 && !replica_group_);
 
   size_t full = 0, shard = 0;
   const auto& held = opt_.units;
@@ -80,57 +66,36 @@ DataParallel::DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOpt
     x.shard_off = shard;
     full += x.shard * S_;
     shard += x.shard;
-    units_.push_back(x);
+    units_.push_back(std::move(x));
   }
   const size_t nu = units_.size();
-  unit_grads_.resize(nu);
-  gathered_.resize(nu);
-  gathering_.resize(nu);
-  machine_gathered_.resize(nu);
-  shared_gather_ =
-      opt_.zero == 3 && opt_.shared_gather && S_ > 1 && shard_group_->topology().max_local() > 1;
+  shared_gather_ = policy_->params_sharded() && opt_.shared_gather && S_ > 1 &&
+                   shard_group_->topology().max_local() > 1;
   if (opt_.shared_buffers && dp_ && !dp_->topology().force_tcp && dp_->topology().max_local() > 1)
     source_ = comm::shared_state_source();
   {
     StateMemory::SourceScope from(source_);  // only these: the moments stay on the heap
-    switch (opt_.zero) {
-      case 0:
-      case 1:
-        params_.assign(full, 0.0f);
-        grads_.assign(full, 0.0f);
-        break;
-      case 2:
-        params_.assign(full, 0.0f);
-        grads_.assign(shard, 0.0f);
-        break;
-      case 3:
-        params_.assign(shard, 0.0f);
-        grads_.assign(shard, 0.0f);
-        break;
-    }
+    params_.assign(policy_->params_sharded() ? shard : full, 0.0f);
+    grads_.assign(policy_->grads_whole_through_step() ? full : shard, 0.0f);
   }
   std::vector<optim::DecaySpan> decay;
   for (const model::Tensor& t : model_.tensors())
     decay.push_back({t.offset, t.offset + t.size, t.decay});
   for (int u = 0; u < static_cast<int>(nu); ++u) {
-    const Unit& x = units_[u];
+    Unit& x = units_[u];
     optim::MomentFile* file = opt_.moments.get();
-    if (opt_.zero == 0)
-      adam_.push_back(std::make_unique<optim::AdamW>(decay, x.begin, x.end, file));
-    else
-      adam_.push_back(std::make_unique<optim::AdamW>(decay, x.own_begin, x.own_end, file));
-    if (x.n() == 0)
-      model_.bind_unit(u, nullptr, nullptr);
-    else if (opt_.zero <= 1)
-      model_.bind_unit(u, params_.data() + x.full_off, grads_.data() + x.full_off);
-    else if (opt_.zero == 2)
-      model_.bind_unit(u, params_.data() + x.full_off, nullptr);
-    else
-      model_.bind_unit(u, nullptr, nullptr);
+    x.adam = policy_->shards() ? std::make_unique<optim::AdamW>(decay, x.own_begin, x.own_end, file)
+                               : std::make_unique<optim::AdamW>(decay, x.begin, x.end, file);
+    // Between uses the model sees the unit's parameters where they are replicated, and its
+    // gradient buffer where a whole one lives through the step.
+    float* params = policy_->params_sharded() ? nullptr : params_.data() + x.full_off;
+    float* grads = policy_->grads_whole_through_step() ? grads_.data() + x.full_off : nullptr;
+    if (x.n() == 0) params = grads = nullptr;
+    model_.bind_unit(u, params, grads);
   }
   model_.set_hooks(this);
   // ZeRO-3 gathers a unit for each use and frees it after: no bf16 copy of every unit.
-  model_.set_bf16_weight_copies(opt_.zero < 3);
+  model_.set_bf16_weight_copies(!policy_->params_sharded());
 }
 
 DataParallel::~DataParallel() {
@@ -143,11 +108,11 @@ DataParallel::~DataParallel() {
     }
   };
   for (auto& p : pending_) quietly_wait(p.work);
-  for (auto& w : gathering_) quietly_wait(w);
+  for (auto& x : units_) quietly_wait(x.gathering);
   auto uncount = [](const comm::MachineBuffer& b) {
     if (b.size()) StateMemory::mine().sub(b.size() / b.sharers());
   };
-  for (auto& b : machine_gathered_) uncount(b);
+  for (auto& x : units_) uncount(x.machine_gathered);
   for (auto& [n, b] : machine_pool_) uncount(b);
 }
 
@@ -161,26 +126,22 @@ void DataParallel::wait(const comm::WorkPtr& w) {
 
 float* DataParallel::own_grad(int u) {
   const Unit& x = units_[u];
-  switch (opt_.zero) {
-    case 0:
+  switch (policy_->grads()) {
+    case GradHome::kAllReduced:
       return grads_.data() + x.full_off;
-    case 1:
+    case GradHome::kReduceScatteredInPlace:
       return grads_.data() + x.full_off + r_ * x.shard;
-    default:
+    case GradHome::kReduceScatteredIntoShard:
       return grads_.data() + x.shard_off;
   }
+  return nullptr;
 }
 
 float* DataParallel::own_param(int u) {
   const Unit& x = units_[u];
-  switch (opt_.zero) {
-    case 0:
-      return params_.data() + x.full_off;
-    case 3:
-      return params_.data() + x.shard_off;
-    default:
-      return params_.data() + x.full_off + r_ * x.shard;
-  }
+  if (!policy_->shards()) return params_.data() + x.full_off;
+  if (policy_->params_sharded()) return params_.data() + x.shard_off;
+  return params_.data() + x.full_off + r_ * x.shard;
 }
 
 float* DataParallel::full_param(int u) {
@@ -222,7 +183,7 @@ void DataParallel::init_weights(uint64_t seed) {
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     release_gathered(u);
     const Unit& x = units_[u];
-    if (opt_.zero == 3) {
+    if (policy_->params_sharded()) {
       std::fill(own_param(u), own_param(u) + x.shard, 0.0f);  // padding stays 0
       model_.init_params(seed, x.own_begin, x.own_end, own_param(u));
     } else {
@@ -242,13 +203,13 @@ void DataParallel::check_replicas(const std::string& when, bool across_dp) {
         throw Error(what + " of " + when + " differ between ranks 0 and " + std::to_string(q) +
                     " of the " + group.config().name + " group (checksum mismatch)");
   };
-  if (across_dp && dp_ && opt_.zero < 3)
+  if (across_dp && dp_ && !policy_->params_sharded())
     compare(*dp_, checksum64(params_.data(), params_.size() * sizeof(float)),
             "the data-parallel replicas");
   // The checksum of the tensors this rank holds for which keep(t) holds.
   auto held_sum = [&](auto keep) {
     Checksum64 sum;
-    const bool sharded = opt_.zero == 3;
+    const bool sharded = policy_->params_sharded();
     for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
       const Unit& x = units_[u];
       for_each_slice(u, sharded ? x.own_begin : x.begin, sharded ? x.own_end : x.end,
@@ -278,7 +239,7 @@ void DataParallel::load(const ckpt::TensorSource& r, bool weights_only) {
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     release_gathered(u);
     const Unit& x = units_[u];
-    optim::AdamW& adam = *adam_[u];
+    optim::AdamW& adam = *x.adam;
     const size_t mbase = adam.begin();  // the moments cover the optimizer's range
     std::vector<float> tmp;
     for_each_slice(
@@ -290,11 +251,11 @@ void DataParallel::load(const ckpt::TensorSource& r, bool weights_only) {
             r.read(name + t.name, t.shape, region_of(t, b, n), tmp.data());
             adam.write(which, a - mbase, static_cast<size_t>(n), tmp.data());
           }
-          if (opt_.zero == 3)
+          if (policy_->params_sharded())
             r.read("param/" + t.name, t.shape, region_of(t, b, n),
                    own_param(u) + (a - x.own_begin));
         });
-    if (opt_.zero < 3)
+    if (!policy_->params_sharded())
       for_each_slice(
           u, x.begin, x.end, [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
             r.read("param/" + t.name, t.shape, region_of(t, b, n), full_param(u) + (a - x.begin));
@@ -307,13 +268,13 @@ std::vector<ckpt::Piece> DataParallel::checkpoint_pieces() {
   if (replica_group_ && replica_group_->rank() != 0) return pieces;  // a replica writes
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     const Unit& x = units_[u];
-    const optim::AdamW* adam = adam_[u].get();
+    const optim::AdamW* adam = x.adam.get();
     const size_t mbase = adam->begin();
     for_each_slice(
         u, x.own_begin, x.own_end, [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
           if (!counted_here(t)) return;
-          const float* p =
-              opt_.zero == 3 ? own_param(u) + (a - x.own_begin) : full_param(u) + (a - x.begin);
+          const float* p = policy_->params_sharded() ? own_param(u) + (a - x.own_begin)
+                                                     : full_param(u) + (a - x.begin);
           const ckpt::Region reg = region_of(t, b, n);
           pieces.push_back({"param/" + t.name, t.shape, reg, p, {}});
           for (const auto& moment :
@@ -361,9 +322,9 @@ void DataParallel::backward(float scale, bool last_micro_step) {
 }
 
 void DataParallel::launch_reduction(int u) {
-  const Unit& x = units_[u];
+  Unit& x = units_[u];
   Pending p{u, nullptr, {}};
-  if (opt_.zero == 0) {
+  if (policy_->grads() == GradHome::kAllReduced) {
     float* g = grads_.data() + x.full_off;
     if (opt_.comm_bf16) {
       p.bf16.resize(x.n());
@@ -374,7 +335,8 @@ void DataParallel::launch_reduction(int u) {
       p.work = dp_->allreduce_async(g, g, x.n(), DType::kF32, ReduceOp::kAvg);
     }
   } else if (S_ > 1) {
-    float* g = opt_.zero == 1 ? grads_.data() + x.full_off : unit_grads_[u].data();
+    float* g =
+        policy_->grads_whole_through_step() ? grads_.data() + x.full_off : x.full_grad.data();
     const size_t full = x.shard * S_;
     if (opt_.comm_bf16) {
       p.bf16.resize(full);
@@ -392,20 +354,20 @@ void DataParallel::launch_reduction(int u) {
 void DataParallel::retire(Pending& p) {
   wait(p.work);
   const int u = p.unit;
-  const Unit& x = units_[u];
-  if (opt_.zero == 0) {
+  Unit& x = units_[u];
+  if (policy_->grads() == GradHome::kAllReduced) {
     if (!p.bf16.empty()) from_bf16(p.bf16.data(), grads_.data() + x.full_off, x.n());
     return;
   }
   // This rank's reduced slice, as fp32.
-  float* slice = opt_.zero == 1 ? grads_.data() + x.full_off + r_ * x.shard
-                                : unit_grads_[u].data() + r_ * x.shard;
+  float* slice = policy_->grads_whole_through_step() ? grads_.data() + x.full_off + r_ * x.shard
+                                                     : x.full_grad.data() + r_ * x.shard;
   if (!p.bf16.empty()) from_bf16(p.bf16.data() + r_ * x.shard, slice, x.shard);
-  if (opt_.zero >= 2) {  // accumulate into the persistent shard; drop the full gradient
+  if (!policy_->grads_whole_through_step()) {  // into the persistent shard; drop the full one
     float* dst = grads_.data() + x.shard_off;
     for (size_t i = 0; i < x.shard; ++i) dst[i] += slice[i];
-    give(unit_grads_[u]);
-    model_.bind_unit(u, opt_.zero == 2 ? full_param(u) : nullptr, nullptr);
+    give(x.full_grad);
+    model_.bind_unit(u, policy_->params_sharded() ? nullptr : full_param(u), nullptr);
   }
 }
 
@@ -419,7 +381,7 @@ void DataParallel::retire_done(size_t max_in_flight) {
 
 double DataParallel::finish_gradients() {
   retire_done(0);
-  if (replica_group_ && opt_.zero > 0) {
+  if (replica_group_ && policy_->shards()) {
     // Across machines, once per step, after every micro-step has been reduced inside the
     // machine. (Here and not as each reduce-scatter lands: that moment differs between
     // ranks, and blocking on a second group at rank-dependent points can deadlock.)
@@ -433,7 +395,7 @@ double DataParallel::finish_gradients() {
   // copy) add up, and both copies take the sum, so they stay equal.
   if (embedding_) {
     const int u = 0;
-    const size_t n = adam_[u]->end() - adam_[u]->begin();
+    const size_t n = units_[u].adam->end() - units_[u].adam->begin();
     timed([&] { embedding_->allreduce(own_grad(u), own_grad(u), n, DType::kF32, ReduceOp::kSum); });
   }
   // Stage 0: every rank holds the whole averaged gradient; 1-3: each its slices, summed
@@ -441,13 +403,13 @@ double DataParallel::finish_gradients() {
   // tensors once.
   double ss = 0;
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
-    const size_t base = adam_[u]->begin();
-    for_each_slice(u, base, adam_[u]->end(),
+    const size_t base = units_[u].adam->begin();
+    for_each_slice(u, base, units_[u].adam->end(),
                    [&](const model::Tensor& t, int64_t, int64_t n, size_t a) {
                      if (counted_here(t)) ss += optim::sum_of_squares(own_grad(u) + (a - base), n);
                    });
   }
-  if (opt_.zero > 0 && S_ > 1)
+  if (policy_->shards() && S_ > 1)
     timed([&] { shard_group_->allreduce(&ss, &ss, 1, DType::kF64, ReduceOp::kSum); });
   for (auto* group : {&tp_, &pp_})
     if (*group) timed([&] { (*group)->allreduce(&ss, &ss, 1, DType::kF64, ReduceOp::kSum); });
@@ -459,10 +421,11 @@ void DataParallel::optimizer_step(float grad_scale, double lr, const optim::Adam
   const int nu = static_cast<int>(units_.size());
   for (int u = 0; u < nu; ++u) release_gathered(u);  // stage 3: gathered copies go stale
   for (int u = 0; u < nu; ++u) {
-    if (adam_[u]->end() == adam_[u]->begin()) continue;
-    adam_[u]->step(own_param(u), own_grad(u), grad_scale, lr, c, t);
+    optim::AdamW& adam = *units_[u].adam;
+    if (adam.end() == adam.begin()) continue;
+    adam.step(own_param(u), own_grad(u), grad_scale, lr, c, t);
   }
-  if ((opt_.zero == 1 || opt_.zero == 2) && S_ > 1) {
+  if (policy_->gathers_after_step() && S_ > 1) {
     std::vector<comm::WorkPtr> works;
     for (int u = 0; u < nu; ++u) {
       const Unit& x = units_[u];
@@ -509,55 +472,58 @@ int DataParallel::next_use(int u) {
 }
 
 void DataParallel::gather(int u) {
-  const Unit& x = units_[u];
+  Unit& x = units_[u];
   if (shared_gather_) {
-    if (machine_gathered_[u].size() > 0 || x.shard == 0) return;
+    if (x.machine_gathered.size() > 0 || x.shard == 0) return;
     const size_t bytes = x.shard * S_ * sizeof(float);
-    if (!take_pooled(machine_pool_, bytes, machine_gathered_[u])) {
+    if (!take_pooled(machine_pool_, bytes, x.machine_gathered)) {
       // collective over the shard group: every rank's pool is empty here too
-      machine_gathered_[u] = shard_group_->alloc_machine_buffer(bytes);
-      StateMemory::mine().add(bytes / machine_gathered_[u].sharers());
+      x.machine_gathered = shard_group_->alloc_machine_buffer(bytes);
+      StateMemory::mine().add(bytes / x.machine_gathered.sharers());
     }
-    gathering_[u] = shard_group_->allgather_shared_async(own_param(u), machine_gathered_[u],
-                                                         x.shard, DType::kF32);
+    x.gathering = shard_group_->allgather_shared_async(own_param(u), x.machine_gathered, x.shard,
+                                                       DType::kF32);
     return;
   }
-  if (!gathered_[u].empty()) return;
-  gathered_[u] = take(x.shard * S_);
-  gathering_[u] =
-      shard_group_->allgather_async(own_param(u), gathered_[u].data(), x.shard, DType::kF32);
+  if (!x.gathered.empty()) return;
+  x.gathered = take(x.shard * S_);
+  x.gathering =
+      shard_group_->allgather_async(own_param(u), x.gathered.data(), x.shard, DType::kF32);
 }
 
 float* DataParallel::gathered(int u) {
-  return shared_gather_ ? machine_gathered_[u].as<float>() : gathered_[u].data();
+  Unit& x = units_[u];
+  return shared_gather_ ? x.machine_gathered.as<float>() : x.gathered.data();
 }
 
 void DataParallel::release_gathered(int u) {
-  if (gathering_[u]) wait(gathering_[u]), gathering_[u] = nullptr;
-  if (!gathered_[u].empty()) give(gathered_[u]);
-  if (machine_gathered_[u].size() > 0) {
-    const size_t bytes = machine_gathered_[u].size();
-    machine_pool_.emplace(bytes, std::move(machine_gathered_[u]));
+  Unit& x = units_[u];
+  if (x.gathering) wait(x.gathering), x.gathering = nullptr;
+  if (!x.gathered.empty()) give(x.gathered);
+  if (x.machine_gathered.size() > 0) {
+    const size_t bytes = x.machine_gathered.size();
+    machine_pool_.emplace(bytes, std::move(x.machine_gathered));
   }
 }
 
 void DataParallel::before_use(int u) {
-  if (opt_.zero < 2 || phase_ == Phase::kIdle) return;
+  if (policy_->grads_whole_through_step() || phase_ == Phase::kIdle) return;
+  Unit& x = units_[u];
   const bool backward = phase_ == Phase::kBackward;
   if (backward) {
     retire_done(2);  // frees the full gradients of units already reduced
-    if (unit_grads_[u].empty()) {
-      unit_grads_[u] = take(units_[u].shard * S_);
-      std::fill(unit_grads_[u].begin(), unit_grads_[u].end(), 0.0f);
+    if (x.full_grad.empty()) {
+      x.full_grad = take(x.shard * S_);
+      std::fill(x.full_grad.begin(), x.full_grad.end(), 0.0f);
     }
   }
-  float* g = unit_grads_[u].empty() ? nullptr : unit_grads_[u].data();
-  if (opt_.zero == 2) {
+  float* g = x.full_grad.empty() ? nullptr : x.full_grad.data();
+  if (!policy_->params_sharded()) {
     model_.bind_unit(u, full_param(u), g);
     return;
   }
   gather(u);
-  if (gathering_[u]) wait(gathering_[u]), gathering_[u] = nullptr;
+  if (x.gathering) wait(x.gathering), x.gathering = nullptr;
   model_.bind_unit(u, gathered(u), g);
   if (opt_.pipeline) return;  // released after this use (no recorded order to prefetch in)
   const int next = next_use(u);
@@ -567,7 +533,7 @@ void DataParallel::before_use(int u) {
 }
 
 void DataParallel::after_use(int u) {
-  if (opt_.zero != 3 || phase_ == Phase::kIdle) return;
+  if (!policy_->params_sharded() || phase_ == Phase::kIdle) return;
   if (opt_.pipeline) return release_gathered(u);
   const int ph = phase_ == Phase::kBackward ? 1 : 0;
   const auto& order = order_[ph];
@@ -577,9 +543,10 @@ void DataParallel::after_use(int u) {
 }
 
 void DataParallel::grads_ready(int u) {
-  if (opt_.zero <= 1 || opt_.pipeline) {  // once per step
-    if (last_micro_ && (opt_.zero >= 2 || dp_)) launch_reduction(u);
-    if (opt_.zero >= 2) retire_done(2);
+  const bool per_use = !policy_->grads_whole_through_step();  // a buffer per use
+  if (!per_use || opt_.pipeline) {                            // once per step
+    if (last_micro_ && (per_use || dp_)) launch_reduction(u);
+    if (per_use) retire_done(2);
     return;
   }
   launch_reduction(u);

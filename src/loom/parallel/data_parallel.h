@@ -47,13 +47,13 @@
 #include "loom/optim/adamw.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/process_groups.h"
+#include "loom/parallel/sharding.h"
 
 namespace loom::parallel {
 
 struct DpOptions {
-  int zero = 0;                    // 0..3
-  bool shard_within_node = false;  // zero.shard_group = node
-  bool comm_bf16 = false;          // gradient reductions in bf16 (sums stay fp32 locally)
+  int zero = 0;            // train.zero: the sharding policy's stage (parallel/sharding.h)
+  bool comm_bf16 = false;  // gradient reductions in bf16 (sums stay fp32 locally)
   // zero.shared_buffers: parameters, gradients and gathered units in memory the other ranks
   // of the machine map (Communicator::alloc_shared), so reduce-scatters and allgathers
   // between them are read in place instead of copied through the rings. Used only where
@@ -88,6 +88,7 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   int rank() const { return dp_ ? dp_->rank() : 0; }
   int size() const { return dp_ ? dp_->size() : 1; }
   const DpOptions& options() const { return opt_; }
+  const ShardingPolicy& sharding() const { return *policy_; }
 
   // Every rank generates the weights it holds (the model's initialisation is a pure
   // function of the element), then checks by checksum that data-parallel replicas (zero
@@ -130,12 +131,24 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   void after_action() override;
 
  private:
+  // One model unit's state (as FSDP's flat-parameter handle): where its elements are in
+  // the flat layout and in this rank's buffers, its optimizer over the range the policy
+  // steps, and the buffers that live only around a use.
   struct Unit {
     size_t begin = 0, end = 0;          // in the model's flat layout
     size_t shard = 0;                   // elements per rank (padded unit / S)
     size_t own_begin = 0, own_end = 0;  // this rank's elements, flat layout (may be empty)
     size_t full_off = 0;                // offset in padded full buffers
     size_t shard_off = 0;               // offset in this rank's shard buffers
+    std::unique_ptr<optim::AdamW> adam;
+    StateVector full_grad;    // GradHome::kReduceScatteredIntoShard: during backward
+    StateVector gathered;     // ParamHome::kGatheredOnUse: the gathered parameters
+    comm::WorkPtr gathering;  // the gather in flight
+    // With the shared gather: the machine buffer the unit is gathered into. Every rank of
+    // a machine takes and gives them in the same order (the units' use order), so the n-th
+    // buffer is the same one on all of them (allgather_shared checks it). Each rank
+    // accounts for its share of a buffer's bytes.
+    comm::MachineBuffer machine_gathered;
     size_t n() const { return end - begin; }
   };
   struct Pending {  // a gradient reduction in flight
@@ -169,20 +182,14 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   model::Gpt& model_;
   std::shared_ptr<comm::Communicator> dp_, tp_, pp_, embedding_, shard_group_, replica_group_;
   DpOptions opt_;
+  std::unique_ptr<const ShardingPolicy> policy_;
   int S_ = 1, r_ = 0;  // shard group size and this rank's index in it
   std::vector<Unit> units_;
-  StateVector params_, grads_;  // stage 0-1: full (padded); 2: full params, grad shard; 3: shards
-  std::vector<StateVector> unit_grads_;   // stage 2-3: a unit's full gradient during backward
-  std::vector<StateVector> gathered_;     // stage 3: a unit's gathered parameters
-  std::vector<comm::WorkPtr> gathering_;  // stage 3: gathers in flight
-  // stage 3 with the shared gather: the machine buffer each unit is gathered into, and the
-  // free ones by size. Every rank of a machine takes and gives them in the same order (the
-  // units' use order), so the n-th buffer is the same one on all of them (allgather_shared
-  // checks it). Each rank accounts for its share of a buffer's bytes.
-  bool shared_gather_ = false;
-  std::vector<comm::MachineBuffer> machine_gathered_;
-  std::multimap<size_t, comm::MachineBuffer> machine_pool_;
-  std::vector<std::unique_ptr<optim::AdamW>> adam_;
+  // The units' parameters and gradients, full (padded) or this rank's shards as the policy
+  // says (ParamHome, GradHome).
+  StateVector params_, grads_;
+  bool shared_gather_ = false;  // gathers into machine buffers (zero.shared_gather)
+  std::multimap<size_t, comm::MachineBuffer> machine_pool_;  // free machine buffers by size
   std::multimap<size_t, StateVector> pool_;
   StateSource* source_ = nullptr;  // where params_, grads_ and pooled buffers live
   std::deque<Pending> pending_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "loom/core/check.h"
+#include "loom/core/error.h"
 
 namespace loom::parallel {
 
@@ -19,7 +20,8 @@ std::shared_ptr<comm::Communicator> group_of(comm::Communicator& world,
 }
 }  // namespace
 
-ProcessGroups make_process_groups(std::shared_ptr<comm::Communicator> world, const Mesh& mesh) {
+ProcessGroups make_process_groups(std::shared_ptr<comm::Communicator> world, const Mesh& mesh,
+                                  const GroupOptions& opt) {
   ProcessGroups g;
   if (!world) return g;
   LOOM_CHECK_EQ(world->size(), mesh.world());
@@ -29,6 +31,19 @@ ProcessGroups make_process_groups(std::shared_ptr<comm::Communicator> world, con
   g.tp = group_of(*world, mesh.group('T', r));
   g.pp = group_of(*world, mesh.group('P', r));
   g.embedding = group_of(*world, mesh.embedding_group(r));
+  if (g.dp && opt.shard_within_node && g.dp->topology().nhosts() > 1) {
+    const comm::Topology& topo = g.dp->topology();
+    for (const auto& h : topo.hosts)
+      if (h.size() != topo.hosts[0].size())
+        throw UserError("zero.shard_group = node needs the same number of ranks on every machine",
+                        "start as many ranks on each machine, or use zero.shard_group = world");
+    const int host = topo.host_of[g.dp->rank()];
+    const auto& mine = topo.local(g.dp->rank());
+    const int local =
+        static_cast<int>(std::find(mine.begin(), mine.end(), g.dp->rank()) - mine.begin());
+    g.shard = g.dp->split(host, g.dp->rank());
+    g.replica = g.dp->split(local, g.dp->rank());
+  }
   return g;
 }
 

@@ -14,8 +14,8 @@
 
 #include "loom/ckpt/checkpoint.h"
 #include "loom/comm/bootstrap.h"
-#include "loom/comm/flight_recorder.h"
 #include "loom/comm/communicator.h"
+#include "loom/comm/flight_recorder.h"
 #include "loom/core/cpus.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
@@ -508,11 +508,13 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   const double tps = tokens / step_s;
   const double mfu =
       model_cfg_.flops_per_token(static_cast<int>(cfg_.seq_len)) * tps / (peak_gflops_ * 1e9);
-  const std::vector<std::pair<mf::ScalarField, double>> job = {
-      {mf::kLoss, loss},          {mf::kLr, lr},
-      {mf::kGradNorm, grad_norm}, {mf::kStepMs, step_s * 1e3},
-      {mf::kCommWaitMs, comm_wait_ms}, {mf::kTokensPerS, tps},
-      {mf::kMfu, mfu}};
+  const std::vector<std::pair<mf::ScalarField, double>> job = {{mf::kLoss, loss},
+                                                               {mf::kLr, lr},
+                                                               {mf::kGradNorm, grad_norm},
+                                                               {mf::kStepMs, step_s * 1e3},
+                                                               {mf::kCommWaitMs, comm_wait_ms},
+                                                               {mf::kTokensPerS, tps},
+                                                               {mf::kMfu, mfu}};
   nlohmann::json j = {{mf::kStep, step + 1}};
   std::vector<std::pair<std::string, double>> scalars;
   for (const auto& [field, value] : job) {
@@ -659,10 +661,10 @@ void Trainer::set_threads() {
   threads_ =
       cfg_.threads > 0 ? static_cast<int>(cfg_.threads) : std::max(1, cpus / launch_.local_size);
   omp_set_num_threads(threads_);
-  threads_why_ = cfg_.threads > 0 ? " (train.threads)"
-                                  : " (" + std::to_string(cpus) + " CPUs this process may use / " +
-                                        std::to_string(launch_.local_size) +
-                                        " rank(s) on this machine)";
+  threads_why_ = cfg_.threads > 0
+                     ? " (train.threads)"
+                     : " (" + std::to_string(cpus) + " CPUs this process may use / " +
+                           std::to_string(launch_.local_size) + " rank(s) on this machine)";
 }
 
 void Trainer::build_model() {
@@ -685,14 +687,16 @@ void Trainer::open_offload() {
 // (the model's TpComm), the pipeline stage, and data parallelism / ZeRO over the units
 // this rank holds, which owns the model's parameter, gradient and optimizer memory.
 void Trainer::build_parallel_state() {
-  groups_ = parallel::make_process_groups(world_ > 1 ? comm::init_from_env() : nullptr, *mesh_);
+  parallel::GroupOptions go;
+  go.shard_within_node = cfg_.shard_group == "node" &&
+                         parallel::make_sharding_policy(static_cast<int>(cfg_.zero))->shards();
+  groups_ = parallel::make_process_groups(world_ > 1 ? comm::init_from_env() : nullptr, *mesh_, go);
   if (groups_.tp) {
     tp_ = std::make_unique<parallel::TensorParallel>(groups_.tp);
     model_->set_tp_comm(tp_.get());
   }
   parallel::DpOptions dpo;
   dpo.zero = static_cast<int>(cfg_.zero);
-  dpo.shard_within_node = cfg_.shard_group == "node";
   dpo.comm_bf16 = cfg_.comm_dtype == "bf16";
   dpo.shared_buffers = cfg_.shared_buffers == "auto";
   dpo.shared_gather = cfg_.shared_gather == "auto";
@@ -761,10 +765,11 @@ void Trainer::print_banner() const {
   if (!chatty()) return;
   double params = 0;  // the whole model's, whatever this rank holds of it
   for (const model::Tensor& t : model_->tensors()) params += static_cast<double>(numel(t.shape));
-  const std::string peaks =
-      peaks_[0] > 0 ? " (GEMM peaks per rank: fp32 " + std::to_string(std::lround(peaks_[0] / world_)) +
-                          ", bf16 " + std::to_string(std::lround(peaks_[1] / world_)) + ")"
-                    : "";
+  const std::string peaks = peaks_[0] > 0
+                                ? " (GEMM peaks per rank: fp32 " +
+                                      std::to_string(std::lround(peaks_[0] / world_)) + ", bf16 " +
+                                      std::to_string(std::lround(peaks_[1] / world_)) + ")"
+                                : "";
   std::printf(
       "loom: training %s (%.1fM parameters) on %s: %lld steps of %lld sequences x %lld "
       "tokens (micro-batch %lld x %lld accumulation x %d data-parallel, ZeRO %lld), %s%s, "
@@ -885,32 +890,32 @@ void Trainer::plan_check() {
   auto err = [](double predicted, double measured) {
     return measured > 0 ? (predicted - measured) / measured : 0.0;
   };
-  nlohmann::json j = {
-      {"layout", l.describe()},
-      {"predicted",
-       {{"state_mb", p.state() / mib},
-        {"activation_mb", p.activations / mib},
-        {"step_ms", p.step_s() * 1e3},
-        {"terms_ms",
-         {{"compute", p.compute * 1e3},
-          {"bubble", p.bubble * 1e3},
-          {"tp_comm", p.tp_comm * 1e3},
-          {"pp_comm", p.pp_comm * 1e3},
-          {"dp_comm", p.dp_comm * 1e3},
-          {"optimizer", p.optimizer_s * 1e3}}},
-        {"measured_costs",
-         {{"block_ms", k.block_s * 1e3},
-          {"embedding_and_head_ms", k.ends_s * 1e3},
-          {"block_busy_ms", k.block_busy_s * 1e3},
-          {"embedding_and_head_busy_ms", k.ends_busy_s * 1e3},
-          {"link_gbps", k.shm_gbps}}}}},
-      {"measured",
-       {{"state_mb", state_peak_max_mb_},
-        {"activation_mb", act_peak_max_mb_},
-        {"step_ms", measured_s * 1e3},
-        {"steps", steps.size()}}},
-      {"error",
-       {{"state", err(p.state(), state_peak_max_mb_ * mib)}, {"step", err(p.step_s(), measured_s)}}}};
+  nlohmann::json j = {{"layout", l.describe()},
+                      {"predicted",
+                       {{"state_mb", p.state() / mib},
+                        {"activation_mb", p.activations / mib},
+                        {"step_ms", p.step_s() * 1e3},
+                        {"terms_ms",
+                         {{"compute", p.compute * 1e3},
+                          {"bubble", p.bubble * 1e3},
+                          {"tp_comm", p.tp_comm * 1e3},
+                          {"pp_comm", p.pp_comm * 1e3},
+                          {"dp_comm", p.dp_comm * 1e3},
+                          {"optimizer", p.optimizer_s * 1e3}}},
+                        {"measured_costs",
+                         {{"block_ms", k.block_s * 1e3},
+                          {"embedding_and_head_ms", k.ends_s * 1e3},
+                          {"block_busy_ms", k.block_busy_s * 1e3},
+                          {"embedding_and_head_busy_ms", k.ends_busy_s * 1e3},
+                          {"link_gbps", k.shm_gbps}}}}},
+                      {"measured",
+                       {{"state_mb", state_peak_max_mb_},
+                        {"activation_mb", act_peak_max_mb_},
+                        {"step_ms", measured_s * 1e3},
+                        {"steps", steps.size()}}},
+                      {"error",
+                       {{"state", err(p.state(), state_peak_max_mb_ * mib)},
+                        {"step", err(p.step_s(), measured_s)}}}};
   write_file_atomic(cfg_.run_dir + "/plan.json", j.dump(2) + "\n");
   std::printf(
       "loom: plan vs measured (%s): model state per rank %.2f MiB predicted, %.2f measured "
