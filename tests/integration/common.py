@@ -162,11 +162,17 @@ class LossFixtures:
     (LOOM_LOSS_FIXTURES=record), then every later run of the same case must give the same
     bits — the proof that a restructuring changed no arithmetic (issue 33). oneDNN's
     kernels and so the last bits differ between CPUs, so each CPU has its own file; on a
-    CPU without one the check says so once and compares nothing. LOOM_LOSS_FIXTURES=off
+    CPU without one the check says so once and compares nothing. The bits are the Release
+    build's: sanitizer builds (LOOM_E2E_SANITIZED) do not check them. LOOM_LOSS_FIXTURES=off
     turns it off."""
 
     def __init__(self):
         self.mode = os.environ.get("LOOM_LOSS_FIXTURES", "check")
+        # The fixtures are the Release build's bits (scripts/build.sh): a sanitizer build
+        # compiles the kernels with other flags, and its last bits differ (seen: one ulp
+        # at 3 of 20 steps), so it checks the losses against one process only.
+        if SANITIZED:
+            self.mode = "off"
         self.cpu = self.signature()
         self.path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures",
                                  "losses", self.cpu + ".json")

@@ -14,6 +14,7 @@
 #include "loom/model/vocab_parallel_loss.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
+#include "loom/parallel/step_composer.h"
 #include "loom/parallel/tensor_parallel.h"
 #include "support/thread_ranks.h"
 
@@ -403,8 +404,9 @@ TEST_P(DataParallelSteps, LossesOfOneProcessAndZerosMemory) {
     parallel::DpOptions o;
     o.zero = zero;
     o.shared_gather = k.shared_gather;
-    parallel::DataParallel engine(
-        m, parallel::ProcessGroups{nullptr, dp, nullptr, nullptr, nullptr}, o);
+    const parallel::ProcessGroups groups{nullptr, dp, nullptr, nullptr, nullptr};
+    parallel::DataParallel engine(m, groups, o);
+    parallel::StepComposer step(engine, groups);
     engine.init_weights(7);
     std::vector<float> losses;
     const int mine = rows / n;
@@ -413,7 +415,7 @@ TEST_P(DataParallelSteps, LossesOfOneProcessAndZerosMemory) {
       engine.zero_grad();
       float loss = engine.forward(tokens.data() + at, targets.data() + at, mine, T);
       engine.backward(1.0f, true);
-      engine.finish_gradients();
+      step.finish_gradients();
       engine.optimizer_step(1.0f, 1e-3, adam, s + 1);
       if (dp) dp->allreduce(&loss, &loss, 1, DType::kF32, comm::ReduceOp::kAvg);
       losses.push_back(loss);

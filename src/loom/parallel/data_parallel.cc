@@ -40,7 +40,6 @@ DataParallel::DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOpt
     : model_(model),
       dp_(groups.dp),
       tp_(groups.tp),
-      pp_(groups.pp),
       embedding_(groups.embedding),
       opt_(std::move(o)) {
   policy_ = make_sharding_policy(opt_.zero);
@@ -379,7 +378,7 @@ void DataParallel::retire_done(size_t max_in_flight) {
   }
 }
 
-double DataParallel::finish_gradients() {
+void DataParallel::finish_reductions() {
   retire_done(0);
   if (replica_group_ && policy_->shards()) {
     // Across machines, once per step, after every micro-step has been reduced inside the
@@ -391,16 +390,20 @@ double DataParallel::finish_gradients() {
                                                       DType::kF32, ReduceOp::kAvg));
     for (auto& w : works) wait(w);
   }
-  // The tied embedding: the first stage's gradient of wte and the last stage's (its head
-  // copy) add up, and both copies take the sum, so they stay equal.
-  if (embedding_) {
-    const int u = 0;
-    const size_t n = units_[u].adam->end() - units_[u].adam->begin();
-    timed([&] { embedding_->allreduce(own_grad(u), own_grad(u), n, DType::kF32, ReduceOp::kSum); });
-  }
+}
+
+float* DataParallel::unit_grad(int u) {
+  return own_grad(u);
+}
+
+size_t DataParallel::unit_grad_size(int u) const {
+  return units_[u].adam->end() - units_[u].adam->begin();
+}
+
+double DataParallel::grad_sum_of_squares() {
   // Stage 0: every rank holds the whole averaged gradient; 1-3: each its slices, summed
-  // over the shard group; then the other tensor- and pipeline-parallel parts, replicated
-  // tensors once.
+  // over the shard group. Replicated tensors count on one tensor-parallel rank, the tied
+  // embedding's head copy not at all.
   double ss = 0;
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     const size_t base = units_[u].adam->begin();
@@ -411,9 +414,7 @@ double DataParallel::finish_gradients() {
   }
   if (policy_->shards() && S_ > 1)
     timed([&] { shard_group_->allreduce(&ss, &ss, 1, DType::kF64, ReduceOp::kSum); });
-  for (auto* group : {&tp_, &pp_})
-    if (*group) timed([&] { (*group)->allreduce(&ss, &ss, 1, DType::kF64, ReduceOp::kSum); });
-  return std::sqrt(ss);
+  return ss;
 }
 
 void DataParallel::optimizer_step(float grad_scale, double lr, const optim::AdamWParams& c,

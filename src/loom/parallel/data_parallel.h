@@ -20,9 +20,11 @@
 // Data parallelism is one dimension of the mesh: the engine runs over the data-parallel group
 // (the ranks that hold the same part of the model and read different data). Under tensor
 // parallelism each rank's model is its shard of the whole, and ZeRO shards that shard over
-// the data-parallel group only; the model-parallel group (the tensor-parallel ranks) is used
-// to complete the gradient norm (tensors split across it summed, replicated ones counted
-// once) and to check that replicated tensors stay identical.
+// the data-parallel group only. The tensor-parallel group is used to count replicated
+// tensors once in this rank's share of the gradient norm and to check that they stay
+// identical; completing the norm across tp and pp and summing the tied embedding's copies
+// is the step composer's (parallel/step_composer.h). The stages are ShardingPolicy
+// implementations (parallel/sharding.h); the engine acts on the policy's decisions.
 //
 // Sharding is per unit: unit u (n elements) is padded to a multiple of the shard-group size
 // S and rank r owns elements [r * n/S, (r+1) * n/S) of it. With zero.shard_group = node the
@@ -79,9 +81,9 @@ struct DpOptions {
 class DataParallel : public model::UnitHooks, public PipelineHooks {
  public:
   // The model must be built without its own storage. Of the mesh's groups (null where one
-  // would be this rank alone) it uses dp (same part of the model, other data), tp (the
-  // other tensor-parallel parts), pp (the other pipeline stages) and embedding (the first
-  // and last stage: the tied embedding).
+  // would be this rank alone) it uses dp (same part of the model, other data), shard and
+  // replica (zero.shard_group = node), tp (replicated tensors) and embedding (the check
+  // that the tied embedding's copies on the first and last stage agree).
   DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOptions o);
   ~DataParallel() override;
 
@@ -106,12 +108,18 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   std::vector<ckpt::Piece> checkpoint_pieces();
 
   // One training step: zero_grad(), then per micro-step forward() + backward(last), then
-  // finish_gradients() and optimizer_step().
+  // the step composer's finish_gradients() (parallel/step_composer.h), which calls the
+  // three below, and optimizer_step().
   void zero_grad();
   float forward(const int* tokens, const int* targets, int B, int T);
   void backward(float scale, bool last_micro_step);
-  // Waits for the gradient reductions; returns the L2 norm of the averaged gradient.
-  double finish_gradients();
+  // Waits for the gradient reductions (and averages the replicas across machines).
+  void finish_reductions();
+  // This rank's reduced gradient of unit u (the range its optimizer steps) and its size.
+  float* unit_grad(int u);
+  size_t unit_grad_size(int u) const;
+  // This rank's share of the squared gradient norm, summed over the shard group.
+  double grad_sum_of_squares();
   void optimizer_step(float grad_scale, double lr, const optim::AdamWParams& p, int64_t t);
 
   // Seconds the calling thread spent waiting on communication since the last reset.
@@ -180,7 +188,7 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   bool counted_here(const model::Tensor& t) const;  // in this rank's share of norms and files
 
   model::Gpt& model_;
-  std::shared_ptr<comm::Communicator> dp_, tp_, pp_, embedding_, shard_group_, replica_group_;
+  std::shared_ptr<comm::Communicator> dp_, tp_, embedding_, shard_group_, replica_group_;
   DpOptions opt_;
   std::unique_ptr<const ShardingPolicy> policy_;
   int S_ = 1, r_ = 0;  // shard group size and this rank's index in it

@@ -303,7 +303,7 @@ float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop
   double norm;
   {
     TraceSpan span("gradients", "compute");  // the last reductions and the norm
-    norm = dp_->finish_gradients();
+    norm = step_->finish_gradients();
   }
   *grad_norm = norm;
   const float clip = cfg_.grad_clip > 0 && norm > cfg_.grad_clip
@@ -713,6 +713,7 @@ void Trainer::build_parallel_state() {
     dpo.pipeline = true;
   }
   dp_ = std::make_unique<parallel::DataParallel>(*model_, groups_, dpo);
+  step_ = std::make_unique<parallel::StepComposer>(*dp_, groups_);
 }
 
 void Trainer::open_outputs() {

@@ -26,6 +26,7 @@
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/process_groups.h"
+#include "loom/parallel/step_composer.h"
 #include "loom/parallel/tensor_parallel.h"
 #include "loom/profile/system_sampler.h"
 #include "loom/train/config.h"
@@ -122,6 +123,7 @@ class Trainer {
   std::unique_ptr<parallel::ActivationOffload> offload_;  // until the pipeline takes it
   std::shared_ptr<optim::MomentFile> moments_;            // zero.offload = disk
   std::unique_ptr<parallel::DataParallel> dp_;
+  std::unique_ptr<parallel::StepComposer> step_;  // norm and tied embedding across tp/pp
 
   // The data.
   std::optional<data::TokenDataset> train_data_, val_data_;
