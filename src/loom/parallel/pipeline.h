@@ -56,6 +56,7 @@ class PipelineStage {
   int stages() const { return P_; }
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ == P_ - 1; }
+  int microbatches() const { return M_; }
   const std::vector<StageActions>& schedule() const { return schedule_; }
   // Every unit this rank's chunks run, ascending (with unit 0 on the last stage: the tied
   // head's copy of the embedding).

@@ -276,7 +276,6 @@ void Trainer::write_trace() {
 
 float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop) {
   const int mb = static_cast<int>(cfg_.micro_batch), T = static_cast<int>(cfg_.seq_len);
-  const size_t mbt = static_cast<size_t>(mb) * T;
   const auto data_start = Clock::now();
   {
     TraceSpan span("data", "data");
@@ -286,20 +285,10 @@ float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop
   data_s_ = std::chrono::duration<double>(fb_start - data_start).count();
   const double comm_before = dp_->comm_wait_s();
   dp_->zero_grad();
-  double loss_sum = 0;
+  // The accumulation micro-steps (a pipeline's microbatches), through this rank's part.
   const float scale = 1.0f / static_cast<float>(cfg_.grad_accum);
-  if (pipeline_) {  // the microbatches are the accumulation steps
-    loss_sum = pipeline_->train_step(x_.data(), y_.data(), mb, T, scale, dp_.get());
-  } else {
-    for (int64_t a = 0; a < cfg_.grad_accum; ++a) {
-      {
-        TraceSpan span("forward", "compute");
-        loss_sum += dp_->forward(x_.data() + a * mbt, y_.data() + a * mbt, mb, T);
-      }
-      TraceSpan span("backward", "compute");
-      dp_->backward(scale, a + 1 == cfg_.grad_accum);
-    }
-  }
+  const double loss_sum =
+      runner_->train_step(x_.data(), y_.data(), mb, T, static_cast<int>(cfg_.grad_accum), scale);
   double norm;
   {
     TraceSpan span("gradients", "compute");  // the last reductions and the norm
@@ -328,16 +317,6 @@ float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop
   return static_cast<float>(sums[0] / (mesh_->dp() * mesh_->tp()));
 }
 
-// One micro-batch forward through this layout (evaluation): the mean loss on the rank that
-// computes it (0 on other pipeline stages), and, if `losses` is given, the per-position
-// losses there.
-double Trainer::layout_forward(const int* x, const int* y, int mb, int T, float* losses) {
-  if (pipeline_) return pipeline_->forward_only(x, y, mb, T, 1, dp_.get(), losses);
-  const double loss = dp_->forward(x, y, mb, T);
-  if (losses) std::copy_n(model_->losses(), static_cast<size_t>(mb) * T, losses);
-  return loss;
-}
-
 // Each data-parallel replica evaluates every dp-th batch; rounds stay in step on all ranks
 // (ZeRO-3's and tensor parallelism's forward are collective), a replica past the end
 // repeats a batch with weight 0.
@@ -349,7 +328,7 @@ double Trainer::evaluate() {
   for (int64_t first = 0; first < n; first += mesh_->dp()) {  // the same batches every time
     const int64_t i = first + coord_.dp;
     val_loader_->batch(static_cast<uint64_t>(i % n), x.data(), y.data());
-    const double loss = layout_forward(x.data(), y.data(), mb, T, nullptr);
+    const double loss = runner_->forward_only(x.data(), y.data(), mb, T, nullptr);
     if (i < n) sum += loss;
   }
   // Summed over every rank: each replica's last stage counted once per tensor-parallel rank.
@@ -373,12 +352,12 @@ train::ChoiceScores Trainer::evaluate_task() {
       for (int r = 0; r < rows; ++r)
         for (int t = 0; t < Tn; ++t)
           x[r * T + t] = tokens[(r0 + r) * Tn + t], y[r * T + t] = targets[(r0 + r) * Tn + t];
-      layout_forward(x.data(), y.data(), mb, T, losses.data());
+      runner_->forward_only(x.data(), y.data(), mb, T, losses.data());
       for (int r = 0; r < rows; ++r)
         for (int t = 0; t < Tn; ++t) out[(r0 + r) * Tn + t] = losses[r * T + t];
     }
   };
-  const bool reports = coord_.tp == 0 && (!pipeline_ || pipeline_->last());
+  const bool reports = coord_.tp == 0 && runner_->computes_loss();
   const train::GatherFn gather = [&](const std::vector<double>& mine) {
     std::vector<double> all(mine.size() * mesh_->dp(), 0.0);
     if (reports) std::copy(mine.begin(), mine.end(), all.begin() + mine.size() * coord_.dp);
@@ -714,6 +693,7 @@ void Trainer::build_parallel_state() {
   }
   dp_ = std::make_unique<parallel::DataParallel>(*model_, groups_, dpo);
   step_ = std::make_unique<parallel::StepComposer>(*dp_, groups_);
+  runner_ = parallel::make_stage_runner(*model_, *dp_, pipeline_.get());
 }
 
 void Trainer::open_outputs() {

@@ -26,6 +26,7 @@
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/process_groups.h"
+#include "loom/parallel/stage_runner.h"
 #include "loom/parallel/step_composer.h"
 #include "loom/parallel/tensor_parallel.h"
 #include "loom/profile/system_sampler.h"
@@ -78,7 +79,6 @@ class Trainer {
   float train_step(int64_t step, double lr, double* grad_norm, bool* stop);
   double evaluate();
   train::ChoiceScores evaluate_task();  // eval.task
-  double layout_forward(const int* x, const int* y, int mb, int T, float* losses);
   void run_evaluations(int64_t step, bool val);
   void write_trace();
   void save(int64_t next_step);
@@ -123,7 +123,8 @@ class Trainer {
   std::unique_ptr<parallel::ActivationOffload> offload_;  // until the pipeline takes it
   std::shared_ptr<optim::MomentFile> moments_;            // zero.offload = disk
   std::unique_ptr<parallel::DataParallel> dp_;
-  std::unique_ptr<parallel::StepComposer> step_;  // norm and tied embedding across tp/pp
+  std::unique_ptr<parallel::StepComposer> step_;   // norm and tied embedding across tp/pp
+  std::unique_ptr<parallel::StageRunner> runner_;  // the step through this rank's part
 
   // The data.
   std::optional<data::TokenDataset> train_data_, val_data_;
