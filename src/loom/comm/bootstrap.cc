@@ -1,12 +1,14 @@
 #include "loom/comm/bootstrap.h"
 
 #include <fcntl.h>
+#include <netdb.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -103,6 +105,44 @@ std::string first_slurm_host(const std::string& list) {
   return prefix + inside.substr(0, stop);
 }
 
+int slurm_tasks_on_node(const std::string& spec, int node) {
+  auto bad = [&] {
+    return UserError("SLURM_STEP_TASKS_PER_NODE='" + spec + "' is not a list of task counts",
+                     "expected Slurm's form, e.g. 2(x2) or 2,1");
+  };
+  // The whole list is read first: a malformed one fails on every node alike.
+  std::vector<std::pair<int, int>> groups;  // (tasks per node, nodes)
+  size_t at = 0;
+  auto number = [&](size_t& pos) {
+    size_t end = pos;
+    while (end < spec.size() && std::isdigit(static_cast<unsigned char>(spec[end]))) ++end;
+    if (end == pos || end - pos > 6) throw bad();
+    const int v = std::stoi(spec.substr(pos, end - pos));
+    pos = end;
+    return v;
+  };
+  do {
+    if (!groups.empty() && spec[at++] != ',') throw bad();
+    const int count = number(at);
+    int repeat = 1;
+    if (spec.compare(at, 2, "(x") == 0) {
+      at += 2;
+      repeat = number(at);
+      if (at >= spec.size() || spec[at++] != ')') throw bad();
+    }
+    if (count < 1 || repeat < 1) throw bad();
+    groups.push_back({count, repeat});
+  } while (at < spec.size());
+  int first = 0;  // the first node of the group
+  for (const auto& [count, repeat] : groups) {
+    if (node < first + repeat) return count;
+    first += repeat;
+  }
+  throw UserError("SLURM_NODEID=" + std::to_string(node) + " is past the " + std::to_string(first) +
+                      " node(s) of SLURM_STEP_TASKS_PER_NODE='" + spec + "'",
+                  "run the ranks with srun, which sets both for the step");
+}
+
 LaunchInfo launch_info_from_env() {
   LaunchInfo i;
   if (env("LOOM_RANK") || env("LOOM_WORLD_SIZE")) {
@@ -127,8 +167,28 @@ LaunchInfo launch_info_from_env() {
     i.rank = env_int("SLURM_PROCID", 0);
     i.size = env_int("SLURM_NTASKS", 1);
     i.local_rank = env_int("SLURM_LOCALID", 0);
-    int nodes = env_int("SLURM_JOB_NUM_NODES", env_int("SLURM_NNODES", 1));
-    i.local_size = nodes <= 1 ? i.size : env_int("SLURM_NTASKS_PER_NODE", 0);
+    const int nodes =
+        env_int("SLURM_STEP_NUM_NODES", env_int("SLURM_JOB_NUM_NODES", env_int("SLURM_NNODES", 1)));
+    // This node's ranks: the step's per-node task counts ("2(x2)", "2,1": srun -n 3 puts
+    // 2 on the first node and 1 on the second), SLURM_NTASKS_PER_NODE only where given
+    // (--ntasks-per-node; absent otherwise).
+    const char* spec = env("SLURM_STEP_TASKS_PER_NODE");
+    if (!spec) spec = env("SLURM_TASKS_PER_NODE");
+    if (nodes <= 1)
+      i.local_size = i.size;
+    else if (spec && env("SLURM_NODEID"))
+      i.local_size = slurm_tasks_on_node(spec, env_int("SLURM_NODEID", 0));
+    else if (env("SLURM_NTASKS_PER_NODE"))
+      i.local_size = env_int("SLURM_NTASKS_PER_NODE", 1);
+    else
+      throw UserError("a Slurm job on " + std::to_string(nodes) +
+                          " nodes without SLURM_STEP_TASKS_PER_NODE and SLURM_NODEID, or "
+                          "SLURM_NTASKS_PER_NODE: the ranks per machine are unknown",
+                      "start the ranks with srun, or pass --ntasks-per-node");
+    if (i.local_rank >= i.local_size)
+      throw UserError("SLURM_LOCALID=" + std::to_string(i.local_rank) + " is not below the " +
+                          std::to_string(i.local_size) + " task(s) Slurm gives this node",
+                      "start the ranks with srun");
     std::string job = env("SLURM_JOB_ID") ? env("SLURM_JOB_ID") : "";
     if (env("SLURM_STEP_ID")) job += std::string(".") + env("SLURM_STEP_ID");
     i.job_id = job;
@@ -140,14 +200,44 @@ LaunchInfo launch_info_from_env() {
   return i;
 }
 
+// Rank 0 of a step runs on the step's first node: its name, if this machine resolves it;
+// else (node names outside DNS) the address of the node srun was started on, which is the
+// first node when srun runs inside the allocation (sbatch, salloc on a compute node).
+static std::string slurm_store_host() {
+  const char* list = env("SLURM_STEP_NODELIST");
+  if (!list) list = env("SLURM_JOB_NODELIST");
+  if (!list)
+    throw UserError("a Slurm job without SLURM_STEP_NODELIST or SLURM_JOB_NODELIST",
+                    "set MASTER_ADDR to the address of rank 0's node");
+  const std::string host = first_slurm_host(list);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) == 0) {
+    freeaddrinfo(found);
+    return host;
+  }
+  if (const char* ip = env("SLURM_LAUNCH_NODE_IPADDR")) {
+    LOOM_LOG(kInfo, "comm") << "the first node '" << host
+                            << "' does not resolve; using SLURM_LAUNCH_NODE_IPADDR " << ip
+                            << " for the store";
+    return ip;
+  }
+  throw UserError(
+      "the store host '" + host +
+          "' (the first node of the Slurm step) does not resolve on this machine",
+      "set MASTER_ADDR to the address of rank 0's node (or LOOM_STORE=tcp://ADDR:PORT)");
+}
+
 std::string store_url_from_env(const LaunchInfo& info) {
   std::string s = kStore.get();
   if (!s.empty()) return s;
   std::string host = "127.0.0.1";
   if (const char* a = env("MASTER_ADDR"))
     host = a;
-  else if (info.source == "slurm" && env("SLURM_JOB_NODELIST"))
-    host = first_slurm_host(env("SLURM_JOB_NODELIST"));
+  else if (info.source == "slurm")
+    host = slurm_store_host();
   uint16_t port = 29500;
   if (const char* p = env("MASTER_PORT"))
     port = static_cast<uint16_t>(env_int("MASTER_PORT", 29500)), (void)p;
