@@ -389,13 +389,12 @@ WorkPtr Communicator::collective(bool blocking, OpKind kind, DType t, ReduceOp r
                                  OpOptions o, size_t equal_block_bytes) {
   const Algo a = chosen_algo(kind, choice_bytes, o.algo);
   const algo::AlgoRow* row = algo::find_algo(kind, a);
-  LOOM_CHECK_MSG(row && row->run, std::string("no ") + op_name(kind) + " algorithm " +
-                                      algo_name(a));
+  LOOM_CHECK_MSG(row && row->run,
+                 std::string("no ") + op_name(kind) + " algorithm " + algo_name(a));
   Op p;
   p.fp = {kind, t, redop, a, args.root, fp_count};
   p.timeout_s = o.timeout_s;
-  const bool average =
-      redop == ReduceOp::kAvg && (kind != OpKind::kReduce || rank_ == args.root);
+  const bool average = redop == ReduceOp::kAvg && (kind != OpKind::kReduce || rank_ == args.root);
   const int n = size_;
   const bool blocks = kind == OpKind::kAllgather || kind == OpKind::kAllgatherShared;
   return launch(std::move(p), blocking, [=, this](Exec& x) mutable {
@@ -451,8 +450,8 @@ WorkPtr Communicator::allgather_impl(bool blocking, const void* in, void* out, s
 
 WorkPtr Communicator::reduce_scatter_impl(bool blocking, const void* in, void* out, size_t count,
                                           DType t, ReduceOp op, OpOptions o) {
-  return collective(blocking, OpKind::kReduceScatter, t, op, count,
-                    count * dtype_size(t) * size_, {.in = in, .out = out, .count = count}, o);
+  return collective(blocking, OpKind::kReduceScatter, t, op, count, count * dtype_size(t) * size_,
+                    {.in = in, .out = out, .count = count}, o);
 }
 
 WorkPtr Communicator::broadcast_impl(bool blocking, void* buf, size_t count, DType t, int root,

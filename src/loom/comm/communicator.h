@@ -52,7 +52,7 @@ namespace loom::comm {
 namespace algo {
 struct Blocks;
 struct CollArgs;
-}
+}  // namespace algo
 
 struct CommConfig {
   std::string name = "world";      // distinguishes communicators (and generations) in the store

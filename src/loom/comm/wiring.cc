@@ -134,8 +134,7 @@ void create_shm_pairs(Store& store, int rank, const Topology& topo, Pairs& pairs
 }
 
 // Step 2, second half: the segments lower local ranks made for this one.
-void open_shm_pairs(Store& store, int rank, const Topology& topo, Deadline deadline,
-                    Pairs& pairs) {
+void open_shm_pairs(Store& store, int rank, const Topology& topo, Deadline deadline, Pairs& pairs) {
   for (int q = 0; q < rank; ++q) {
     if (!topo.shm_with[q]) continue;
     std::string name = store.get("shm/" + std::to_string(q) + "/" + std::to_string(rank), deadline);
@@ -187,9 +186,8 @@ class TcpAcceptor {
   bool accept_one() {
     net::Fd fd = net::accept_one(listener_, w_.deadline);
     if (!fd.valid())
-      throw PeerError(PeerError::Kind::kTimeout,
-                      "rank " + std::to_string(w_.world_rank) +
-                          " timed out waiting for peers to connect");
+      throw PeerError(PeerError::Kind::kTimeout, "rank " + std::to_string(w_.world_rank) +
+                                                     " timed out waiting for peers to connect");
     if (!net::server_handshake(fd.get(), w_.token, "pair", w_.handshake_deadline)) return false;
     PairHello hello{};
     try {

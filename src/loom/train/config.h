@@ -34,14 +34,14 @@ struct TrainConfig {
   int64_t seed = 1337;
   std::string dtype = "auto";  // auto | fp32 | bf16 (bf16 products, fp32 master weights and sums)
   int64_t threads = 0;         // OpenMP threads per rank; 0: the cores this rank may use
-  std::string recompute = "none";     // none | all | every_K
-  int64_t zero = 0;                   // ZeRO stage 0-3 (docs/algorithms.md "ZeRO")
-  int64_t tp = 1;                     // tensor-parallel size (docs/algorithms.md)
-  int64_t pp = 1;                     // pipeline-parallel size (docs/algorithms.md)
-  std::string placement = "cluster";  // cluster (= DPT) | spread (= TPD) | an order of D, P, T
-  bool offload_activations = false;   // pipelines: spill waiting microbatches to disk
-  bool profile = false;               // the timeline: run.dir/trace.json
-  double system_sample_s = 0.5;       // rank 0 samples the system into system.jsonl; 0: off
+  std::string recompute = "none";          // none | all | every_K
+  int64_t zero = 0;                        // ZeRO stage 0-3 (docs/algorithms.md "ZeRO")
+  int64_t tp = 1;                          // tensor-parallel size (docs/algorithms.md)
+  int64_t pp = 1;                          // pipeline-parallel size (docs/algorithms.md)
+  std::string placement = "cluster";       // cluster (= DPT) | spread (= TPD) | an order of D, P, T
+  bool offload_activations = false;        // pipelines: spill waiting microbatches to disk
+  bool profile = false;                    // the timeline: run.dir/trace.json
+  double system_sample_s = 0.5;            // rank 0 samples the system into system.jsonl; 0: off
   int64_t activation_loading_horizon = 4;  // read them back this many actions ahead
   std::string offload_dir;                 // the spill files' folder; "": run.dir/spill
   // Start from these weights (step 0, fresh optimizer): a Hugging Face GPT-2 folder or

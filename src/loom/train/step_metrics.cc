@@ -30,9 +30,9 @@ void RankMetrics::add_scalars(std::vector<std::pair<std::string, double>>& scala
   for (int q = 0; q < ranks_; ++q)
     for (size_t i = 0; i < metrics::kPerRankCount; ++i)
       if (!absent_.test(i) && metrics::kPerRankFields[i].tensorboard)
-        scalars.push_back({std::string(metrics::kPerRankFields[i].tensorboard) + "/rank" +
-                               std::to_string(q),
-                           at(q, static_cast<PerRank>(i))});
+        scalars.push_back(
+            {std::string(metrics::kPerRankFields[i].tensorboard) + "/rank" + std::to_string(q),
+             at(q, static_cast<PerRank>(i))});
 }
 
 }  // namespace loom::train

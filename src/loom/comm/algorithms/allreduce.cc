@@ -82,7 +82,6 @@ void binomial_reduce_inplace(Exec& x, void* work, size_t bytes, int root) {
   x.wait_all();
 }
 
-
 size_t pipeline_chunk(size_t esize) {
   size_t c = static_cast<size_t>(std::max<int64_t>(kPipelineChunk.get(), 64));
   return std::max(esize, c / esize * esize);

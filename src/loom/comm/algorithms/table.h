@@ -19,8 +19,8 @@ namespace loom::comm::algo {
 struct CollArgs {
   const void* in = nullptr;  // broadcast: unused (in place in `out`)
   void* out = nullptr;
-  size_t count = 0;  // elements: allreduce, reduce_scatter (per rank), reduce
-  size_t bytes = 0;  // bytes: broadcast, gather / scatter / alltoall (per rank)
+  size_t count = 0;                // elements: allreduce, reduce_scatter (per rank), reduce
+  size_t bytes = 0;                // bytes: broadcast, gather / scatter / alltoall (per rank)
   const Blocks* blocks = nullptr;  // allgather(v), allgather_shared: each rank's block
   int root = -1;
   uint64_t buffer_id = 0;  // allgather_shared: the machine buffer's id
