@@ -16,17 +16,12 @@
 
 #include "loom/core/dtype.h"
 #include "loom/kernels/cpu/vecmath.h"
+#include "support/randn.h"
 
 namespace loom::kernels::cpu {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using test::randn;
 
 double dot(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0;

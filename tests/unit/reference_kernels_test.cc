@@ -16,18 +16,13 @@
 #include "loom/core/dtype.h"
 #include "loom/kernels/cpu/kernels.h"
 #include "loom/kernels/reference/reference.h"
+#include "support/randn.h"
 
 namespace loom::kernels {
 namespace {
 namespace ref = reference;
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using test::randn;
 
 std::vector<int> tokens(size_t n, int V, uint32_t seed) {
   std::mt19937 g(seed);
