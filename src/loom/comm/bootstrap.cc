@@ -1,7 +1,6 @@
 #include "loom/comm/bootstrap.h"
 
 #include <fcntl.h>
-#include <netdb.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -210,14 +209,7 @@ static std::string slurm_store_host() {
     throw UserError("a Slurm job without SLURM_STEP_NODELIST or SLURM_JOB_NODELIST",
                     "set MASTER_ADDR to the address of rank 0's node");
   const std::string host = first_slurm_host(list);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) == 0) {
-    freeaddrinfo(found);
-    return host;
-  }
+  if (net::resolves(host)) return host;
   if (const char* ip = env("SLURM_LAUNCH_NODE_IPADDR")) {
     LOOM_LOG(kInfo, "comm") << "the first node '" << host
                             << "' does not resolve; using SLURM_LAUNCH_NODE_IPADDR " << ip

@@ -420,9 +420,10 @@ void Trainer::barrier() {
   if (groups_.world) groups_.world->barrier();
 }
 
-// This rank's part of the step's metrics, gathered from every rank (profile/metrics_fields.h);
-// the counters it reads are reset for the next step.
-RankMetrics Trainer::rank_metrics() {
+// This rank's part of the step's metrics, gathered from every rank (profile/metrics_fields.h),
+// from the step's data-parallel and tensor-parallel waits (read by log_step) and the
+// pipeline's, offload's and moments' counters, which it resets for the next step.
+RankMetrics Trainer::rank_metrics(double comm_wait_ms, double tp_comm_ms) {
   using F = RankMetrics::PerRank;
   constexpr double kMiB = 1 << 20;
   RankMetrics m;
@@ -450,9 +451,7 @@ RankMetrics Trainer::rank_metrics() {
   // This rank's step by kind (docs/formats.md, metrics.jsonl): communication it waited for
   // outside the optimizer (data-parallel, tensor-parallel, pipeline receives), compute = the
   // forward/backward time less the communication waited for inside it.
-  const double tp_comm_ms = tp_ ? tp_->counters().seconds * 1e3 : 0;
   const double blocked_ms = tp_comm_ms + pp_wait_ms;
-  const double comm_wait_ms = dp_->comm_wait_s() * 1e3;
   // Bytes this rank received by reading senders' buffers in place in the step (shared
   // buffers, docs/algorithms.md "Single copy").
   const uint64_t in_place = comm::transport_stats().bytes_read_in_place;
@@ -478,7 +477,7 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   const double comm_wait_ms = dp_->comm_wait_s() * 1e3;
   const double tp_comm_ms = tp_ ? tp_->counters().seconds * 1e3 : 0;
   const double tp_comm_mb = tp_ ? tp_->counters().bytes / (1 << 20) : 0;
-  const RankMetrics ranks = rank_metrics();
+  const RankMetrics ranks = rank_metrics(comm_wait_ms, tp_comm_ms);
   dp_->reset_comm_wait();
   if (tp_) tp_->reset_counters();
   step_s_.push_back(step_s);

@@ -83,7 +83,7 @@ class Trainer {
   void write_trace();
   void save(int64_t next_step);
   void log_step(int64_t step, float loss, double lr, double grad_norm, double step_s);
-  RankMetrics rank_metrics();
+  RankMetrics rank_metrics(double comm_wait_ms, double tp_comm_ms);
   bool chatty() const { return !opt_.quiet && (rank_ == 0 || all_ranks_log_); }
   // Small collectives for the loop (timed as communication): a sum over every rank, a
   // rank-major allgather over every rank, a barrier.

@@ -64,13 +64,18 @@ struct AddrInfo {
   }
 };
 
-void resolve(const HostPort& hp, bool passive, AddrInfo& out) {
+// getaddrinfo's code for hp (stream sockets, any family).
+int lookup(const HostPort& hp, bool passive, AddrInfo& out) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = passive ? AI_PASSIVE : 0;
   std::string port = std::to_string(hp.port);
-  int rc = getaddrinfo(hp.host.c_str(), port.c_str(), &hints, &out.list);
+  return getaddrinfo(hp.host.c_str(), port.c_str(), &hints, &out.list);
+}
+
+void resolve(const HostPort& hp, bool passive, AddrInfo& out) {
+  const int rc = lookup(hp, passive, out);
   if (rc != 0)
     throw UserError("cannot resolve '" + hp.host + "': " + gai_strerror(rc),
                     "check the host name or use a numeric address");
@@ -93,6 +98,11 @@ HostPort to_host_port(const sockaddr_storage& ss) {
 }
 
 }  // namespace
+
+bool resolves(const std::string& host) {
+  AddrInfo ai;
+  return lookup({host, 0}, false, ai) == 0;
+}
 
 Fd listen_on(const std::string& host, uint16_t port, int backlog) {
   AddrInfo ai;

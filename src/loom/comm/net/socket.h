@@ -44,6 +44,10 @@ struct HostPort {
 // Parses "tcp://host:port", "host:port" or "[v6]:port". Throws UserError naming `what`.
 HostPort parse_host_port(const std::string& text, const std::string& what);
 
+// Whether `host` resolves to an address here (a name in DNS or /etc/hosts, or a numeric
+// address), as listen_on and connect_to resolve it.
+bool resolves(const std::string& host);
+
 // Listens on exactly `host` (never the wildcard unless asked for by "0.0.0.0"/"::").
 // Port 0 picks a free port; read it back with local_address().
 Fd listen_on(const std::string& host, uint16_t port, int backlog = 128);

@@ -250,15 +250,22 @@ void residual_backward(float* da, float* db, const float* dout, size_t n) {
   }
 }
 
+namespace {
+// log(sum of e^l[i]) over the real vocabulary (i < V), shifted by the row's max.
+double log_sum_exp(const float* l, int V) {
+  double maxv = -INFINITY;
+  for (int i = 0; i < V; ++i) maxv = std::max(maxv, static_cast<double>(l[i]));
+  double sum = 0;
+  for (int i = 0; i < V; ++i) sum += std::exp(l[i] - maxv);
+  return std::log(sum) + maxv;
+}
+}  // namespace
+
 void crossentropy_forward(float* losses, const float* logits, const int* targets, int N, int V,
                           int Vp) {
   for (int n = 0; n < N; ++n) {
     const float* l = logits + static_cast<size_t>(n) * Vp;
-    double maxv = -INFINITY;
-    for (int i = 0; i < V; ++i) maxv = std::max(maxv, static_cast<double>(l[i]));
-    double sum = 0;
-    for (int i = 0; i < V; ++i) sum += std::exp(l[i] - maxv);
-    losses[n] = static_cast<float>(std::log(sum) + maxv - l[targets[n]]);
+    losses[n] = static_cast<float>(log_sum_exp(l, V) - l[targets[n]]);
   }
 }
 
@@ -267,15 +274,12 @@ void crossentropy_backward(float* dlogits, const float* logits, const int* targe
   for (int n = 0; n < N; ++n) {
     const float* l = logits + static_cast<size_t>(n) * Vp;
     float* d = dlogits + static_cast<size_t>(n) * Vp;
-    double maxv = -INFINITY;
-    for (int i = 0; i < V; ++i) maxv = std::max(maxv, static_cast<double>(l[i]));
-    double sum = 0;
-    for (int i = 0; i < V; ++i) sum += std::exp(l[i] - maxv);
-    for (int i = 0; i < Vp; ++i) {
-      const double p = i < V ? std::exp(l[i] - maxv) / sum : 0.0;
-      const double onehot = i == targets[n] ? 1.0 : 0.0;
-      d[i] = i < V ? static_cast<float>((p - onehot) * dloss) : 0.0f;
+    const double lse = log_sum_exp(l, V);
+    for (int i = 0; i < V; ++i) {
+      const double p = std::exp(l[i] - lse), onehot = i == targets[n] ? 1.0 : 0.0;
+      d[i] = static_cast<float>((p - onehot) * dloss);
     }
+    for (int i = V; i < Vp; ++i) d[i] = 0.0f;
   }
 }
 
