@@ -9,6 +9,7 @@
 
 #include "loom/core/box.h"
 #include "loom/core/error.h"
+#include "loom/kernels/backend.h"
 #include "loom/kernels/cpu/kernels.h"
 #include "loom/model/gpt.h"
 #include "loom/model/vocab_parallel_loss.h"
@@ -221,31 +222,36 @@ TEST(VocabParallelLoss, MatchesOneProcessWithExactlyThreeAllreduces) {
                                      targets.data(), N, V, Vp);
   kernels::cpu::crossentropy_backward_inplace(probs.data(), nullptr, row_max.data(), row_sum.data(),
                                               0.25f, targets.data(), N, V, Vp);
-  for (int t : {2, 4}) {
-    run_ranks(t, Layout::kShm, "vploss" + std::to_string(t), [&](comm::Communicator& c) {
-      parallel::TensorParallel tp(c.shared_from_this());
-      const int Vl = Vp / t, begin = c.rank() * Vl;
-      const model::VocabShard shard{begin, Vl, std::clamp(V - begin, 0, Vl)};
-      std::vector<float> mine(static_cast<size_t>(N) * Vl), got(N), mx(N), sum(N), tgt(N);
-      for (int n = 0; n < N; ++n)
-        std::copy_n(logits.begin() + static_cast<ptrdiff_t>(n) * Vp + begin, Vl,
-                    mine.begin() + static_cast<ptrdiff_t>(n) * Vl);
-      model::vocab_parallel_cross_entropy(tp, mine.data(), got.data(), targets.data(), N, shard,
-                                          {mx.data(), sum.data(), tgt.data()});
-      const auto& k = tp.counters();
-      EXPECT_EQ(k.allreduce_max, 1);
-      EXPECT_EQ(k.allreduce_sum, 2);
-      EXPECT_EQ(k.allgather + k.reduce_scatter, 0);
-      for (int n = 0; n < N; ++n) EXPECT_NEAR(got[n], losses[n], 1e-5 * losses[n]) << n;
-      model::vocab_parallel_cross_entropy_backward(mine.data(), 0.25f, targets.data(), N, shard);
-      EXPECT_EQ(tp.counters().allreduce_sum, 2);  // backward: no communication
-      for (int n = 0; n < N; ++n)
-        for (int i = 0; i < Vl; ++i)
-          ASSERT_NEAR(mine[static_cast<size_t>(n) * Vl + i],
-                      probs[static_cast<size_t>(n) * Vp + begin + i], 1e-7)
-              << "row " << n << " column " << begin + i;
-    });
-  }
+  // Both backends' shard kernels, against the fast one-process loss.
+  for (const char* backend : {"cpu", "reference"})
+    for (int t : {2, 4}) {
+      run_ranks(
+          t, Layout::kShm, "vploss" + std::to_string(t) + backend, [&](comm::Communicator& c) {
+            const auto kb = kernels::make_backend(backend);
+            parallel::TensorParallel tp(c.shared_from_this());
+            const int Vl = Vp / t, begin = c.rank() * Vl;
+            const model::VocabShard shard{begin, Vl, std::clamp(V - begin, 0, Vl)};
+            std::vector<float> mine(static_cast<size_t>(N) * Vl), got(N), mx(N), sum(N), tgt(N);
+            for (int n = 0; n < N; ++n)
+              std::copy_n(logits.begin() + static_cast<ptrdiff_t>(n) * Vp + begin, Vl,
+                          mine.begin() + static_cast<ptrdiff_t>(n) * Vl);
+            model::vocab_parallel_cross_entropy(*kb, tp, mine.data(), got.data(), targets.data(), N,
+                                                shard, {mx.data(), sum.data(), tgt.data()});
+            const auto& k = tp.counters();
+            EXPECT_EQ(k.allreduce_max, 1);
+            EXPECT_EQ(k.allreduce_sum, 2);
+            EXPECT_EQ(k.allgather + k.reduce_scatter, 0);
+            for (int n = 0; n < N; ++n) EXPECT_NEAR(got[n], losses[n], 1e-5 * losses[n]) << n;
+            model::vocab_parallel_cross_entropy_backward(*kb, mine.data(), 0.25f, targets.data(), N,
+                                                         shard);
+            EXPECT_EQ(tp.counters().allreduce_sum, 2);  // backward: no communication
+            for (int n = 0; n < N; ++n)
+              for (int i = 0; i < Vl; ++i)
+                ASSERT_NEAR(mine[static_cast<size_t>(n) * Vl + i],
+                            probs[static_cast<size_t>(n) * Vp + begin + i], 1e-7)
+                    << backend << " row " << n << " column " << begin + i;
+          });
+    }
 }
 
 // ---- one tensor-parallel step against one process ----

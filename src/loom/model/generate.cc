@@ -13,10 +13,8 @@
 #include "loom/core/check.h"
 #include "loom/core/dtype.h"
 #include "loom/core/error.h"
-#include "loom/kernels/cpu/kernels.h"
 
 namespace loom::model {
-namespace k = kernels::cpu;
 
 void SampleOptions::validate() const {
   if (!(temperature >= 0) || !std::isfinite(temperature))
@@ -55,7 +53,9 @@ int draw_token(const float* logits, int V, const SampleOptions& o, std::mt19937_
 }
 
 KvDecoder::KvDecoder(const Gpt& model, int batch, bool bf16_weights)
-    : cfg_(model.config()), model_(model) {
+    : cfg_(model.config()),
+      model_(model),
+      backend_(kernels::make_backend(model.backend().name(), kernels::Precision::kF32)) {
   LOOM_CHECK(model.split().size == 1);
   LOOM_CHECK(batch >= 1);
   len_.assign(batch, 0);
@@ -117,9 +117,9 @@ void KvDecoder::linear(float* out, const float* inp, const float* w, const float
                        int OC) {
   const auto h = R <= kFewRows ? bf16_.find(w) : bf16_.end();
   if (h != bf16_.end())
-    k::matmul_forward_rows_bf16(out, inp, h->second.get(), b, R, C, OC);
+    backend_->matmul_forward_rows_bf16(out, inp, h->second.get(), b, R, C, OC);
   else
-    k::matmul_forward(gemm_, out, inp, w, b, R, C, OC);
+    backend_->matmul_forward(out, inp, w, b, R, C, OC);
 }
 
 const float* KvDecoder::forward(int R, const int* seq, const int* pos, const int* tok,
@@ -140,8 +140,8 @@ const float* KvDecoder::forward(int R, const int* seq, const int* pos, const int
   }
   for (int l = 0; l < cfg_.n_layer; ++l) {
     auto w = [&](Gpt::BlockTensor t) { return model_.block_param(l, t); };
-    k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w(Gpt::kLn1w),
-                         w(Gpt::kLn1b), R, C);
+    backend_->layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w(Gpt::kLn1w),
+                                w(Gpt::kLn1b), R, C);
     linear(qkv_.data(), ln_.data(), w(Gpt::kQkvw), w(Gpt::kQkvb), R, C, 3 * C);
     // The rows' keys and values join the cache: (R,3C) -> (batch, NH, ctx, hs).
     float *kc = k_[l].data(), *vc = v_[l].data();
@@ -154,7 +154,7 @@ const float* KvDecoder::forward(int R, const int* seq, const int* pos, const int
       }
     if (from_start) {
       att_.resize(static_cast<size_t>(NH) * R * R);
-      k::attention_forward(gemm_, atty_.data(), att_.data(), qkv_.data(), 1, R, C, NH);
+      backend_->attention_forward(atty_.data(), att_.data(), qkv_.data(), 1, R, C, NH);
     } else {  // row r (position p) attends to positions 0..p of its sequence in the cache
       att_.resize(static_cast<size_t>(R) * NH * ctx);
       kr_.resize(R), vr_.resize(R), n_.resize(R);
@@ -162,24 +162,25 @@ const float* KvDecoder::forward(int R, const int* seq, const int* pos, const int
         const size_t seq_at = static_cast<size_t>(seq[r]) * NH * ctx * hs;
         kr_[r] = kc + seq_at, vr_[r] = vc + seq_at, n_[r] = pos[r] + 1;
       }
-      k::attention_decode(atty_.data(), att_.data(), qkv_.data(), kr_.data(), vr_.data(), n_.data(),
-                          R, C, NH, ctx);
+      backend_->attention_decode(atty_.data(), att_.data(), qkv_.data(), kr_.data(), vr_.data(),
+                                 n_.data(), R, C, NH, ctx);
     }
     linear(proj_.data(), atty_.data(), w(Gpt::kProjw), w(Gpt::kProjb), R, C, C);
-    k::residual_forward(x_.data(), x_.data(), proj_.data(), rc);
-    k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w(Gpt::kLn2w),
-                         w(Gpt::kLn2b), R, C);
+    backend_->residual_forward(x_.data(), x_.data(), proj_.data(), rc);
+    backend_->layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w(Gpt::kLn2w),
+                                w(Gpt::kLn2b), R, C);
     linear(fch_.data(), ln_.data(), w(Gpt::kFcw), w(Gpt::kFcb), R, C, 4 * C);
-    k::gelu_forward(gelu_.data(), fch_.data(), rc * 4);
+    backend_->gelu_forward(gelu_.data(), fch_.data(), rc * 4);
     linear(proj_.data(), gelu_.data(), w(Gpt::kFcProjw), w(Gpt::kFcProjb), R, 4 * C, C);
-    k::residual_forward(x_.data(), x_.data(), proj_.data(), rc);
+    backend_->residual_forward(x_.data(), x_.data(), proj_.data(), rc);
   }
   // The final norm and the tied head on the rows whose logits are wanted.
   const int M = static_cast<int>(out_rows.size());
   for (int i = 0; i < M; ++i)
     std::copy_n(x_.data() + static_cast<size_t>(out_rows[i]) * C, C,
                 proj_.data() + static_cast<size_t>(i) * C);
-  k::layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), proj_.data(), lnfw_, lnfb_, M, C);
+  backend_->layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), proj_.data(), lnfw_, lnfb_, M,
+                              C);
   logits_.resize(static_cast<size_t>(M) * Vp);
   linear(logits_.data(), ln_.data(), wte, nullptr, M, C, Vp);
   return logits_.data();

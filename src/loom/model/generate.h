@@ -19,7 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "loom/kernels/cpu/gemm.h"
+#include "loom/kernels/backend.h"
 #include "loom/model/gpt.h"
 
 namespace loom::model {
@@ -66,7 +66,7 @@ class KvDecoder {
   const Gpt& model_;
   const float *wte_, *wpe_, *lnfw_, *lnfb_;  // (Vp,C), (block_size,C), the final norm's
   std::unordered_map<const float*, std::unique_ptr<uint16_t[]>> bf16_;  // matrix -> bf16 copy
-  kernels::cpu::Gemm gemm_;
+  std::unique_ptr<kernels::Backend> backend_;                           // the model's kind, in fp32
   std::vector<int> len_;
   std::vector<std::vector<float>> k_, v_;  // per layer (batch, NH, block_size, hs)
   // Scratch for up to block_size rows.

@@ -6,11 +6,9 @@
 #include "loom/core/checksum.h"
 #include "loom/core/error.h"
 #include "loom/core/random.h"
-#include "loom/kernels/cpu/kernels.h"
 #include "loom/model/vocab_parallel_loss.h"
 
 namespace loom::model {
-namespace k = kernels::cpu;
 
 GptConfig GptConfig::named(const std::string& name) {
   GptConfig c;
@@ -93,7 +91,7 @@ double GptConfig::flops_per_token(int T) const {
 }
 
 Gpt::Gpt(GptConfig cfg, bool own_storage, TensorSplit split, bool with_grads)
-    : cfg_(std::move(cfg)), split_(split) {
+    : cfg_(std::move(cfg)), split_(split), backend_(kernels::make_backend("cpu")) {
   cfg_.validate();
   cfg_.validate_split(split_.size);
   LOOM_CHECK(split_.rank >= 0 && split_.rank < split_.size);
@@ -163,18 +161,24 @@ void Gpt::bind_unit(int u, float* params, float* grads) {
   unit_grads_[u] = grads;
 }
 
+void Gpt::set_backend(std::unique_ptr<kernels::Backend> b) {
+  b->set_precision(backend_->precision());
+  backend_ = std::move(b);
+  unit16_.clear(), unit16_from_.clear();  // copies made for the old backend's products
+}
+
 void Gpt::round_unit(int u) {
-  if (!bf16_copies_ || !gemm_.reads_bf16() || !unit_params_[u]) return;
+  if (!bf16_copies_ || !backend_->reads_bf16() || !unit_params_[u]) return;
   if (unit16_.empty()) unit16_.resize(units_.size()), unit16_from_.assign(units_.size(), nullptr);
   const auto [begin, end] = units_[u];
   unit16_[u].resize(end - begin);
-  k::round_to_bf16(unit16_[u].data(), unit_params_[u], static_cast<int64_t>(end - begin));
+  backend_->round_to_bf16(unit16_[u].data(), unit_params_[u], static_cast<int64_t>(end - begin));
   unit16_from_[u] = unit_params_[u];
 }
 
 const uint16_t* Gpt::p16(int unit, size_t offset) const {
   if (unit16_.empty() || !unit16_from_[unit] || unit16_from_[unit] != unit_params_[unit] ||
-      !gemm_.reads_bf16())
+      !backend_->reads_bf16())
     return nullptr;
   return unit16_[unit].data() + offset;
 }
@@ -368,10 +372,10 @@ const float* Gpt::row_parallel_linear(float* partial, const float* inp, Weight w
                                       int K, const uint16_t* inp16) {
   const int C = cfg_.n_embd;
   if (tp_ == 1) {
-    k::matmul_forward(gemm_, partial, inp, w.f32, bias, N_, K, C, w.bf16, inp16);
+    backend_->matmul_forward(partial, inp, w.f32, bias, N_, K, C, w.bf16, inp16);
     return partial;
   }
-  k::matmul_forward(gemm_, partial, inp, w.f32, nullptr, N_, K, C, w.bf16, inp16);
+  backend_->matmul_forward(partial, inp, w.f32, nullptr, N_, K, C, w.bf16, inp16);
   float* out = partial;
   if (sp_) {
     out = proj_rows_.data();
@@ -379,7 +383,7 @@ const float* Gpt::row_parallel_linear(float* partial, const float* inp, Weight w
   } else {
     tp_comm_->allreduce_sum(partial, static_cast<size_t>(N_) * C);
   }
-  k::bias_forward(out, bias, R_, C);
+  backend_->bias_forward(out, bias, R_, C);
   return out;
 }
 
@@ -392,7 +396,7 @@ void Gpt::layernorm_backward_rows(BackwardPart part, float* dx, float* dw, float
                                   const float* mean, const float* rstd) {
   const int C = cfg_.n_embd;
   if (part == BackwardPart::kInput) {
-    k::layernorm_backward_input(dx, dout, inp, w, mean, rstd, R_, C);
+    backend_->layernorm_backward_input(dx, dout, inp, w, mean, rstd, R_, C);
     return;
   }
   float* pw = dw;
@@ -402,9 +406,9 @@ void Gpt::layernorm_backward_rows(BackwardPart part, float* dx, float* dw, float
     pw = d_lnparams_.data(), pb = pw + C;
   }
   if (part == BackwardPart::kWhole)
-    k::layernorm_backward(dx, pw, pb, dout, inp, w, mean, rstd, R_, C);
+    backend_->layernorm_backward(dx, pw, pb, dout, inp, w, mean, rstd, R_, C);
   else
-    k::layernorm_backward_weight(pw, pb, dout, inp, mean, rstd, R_, C);
+    backend_->layernorm_backward_weight(pw, pb, dout, inp, mean, rstd, R_, C);
   if (!sp_) return;
   tp_comm_->allreduce_sum(pw, 2 * static_cast<size_t>(C));
   for (int i = 0; i < C; ++i) dw[i] += pw[i], db[i] += pb[i];
@@ -414,10 +418,10 @@ void Gpt::linear_backward(BackwardPart part, float* dinp, float* dw, float* db, 
                           const float* inp, Weight w, int N, int C, int OC,
                           std::vector<float>* keep, const uint16_t* dout16, bool assign) {
   if (part == BackwardPart::kWhole) {
-    k::matmul_backward(gemm_, dinp, dw, db, dout, inp, w.f32, N, C, OC, w.bf16, dout16, assign);
+    backend_->matmul_backward(dinp, dw, db, dout, inp, w.f32, N, C, OC, w.bf16, dout16, assign);
     return;
   }
-  k::matmul_backward_input(gemm_, dinp, dout, w.f32, N, C, OC, w.bf16, dout16, assign);
+  backend_->matmul_backward_input(dinp, dout, w.f32, N, C, OC, w.bf16, dout16, assign);
   if (keep) keep->assign(dout, dout + static_cast<size_t>(N) * OC);  // else dout stays put
 }
 
@@ -429,26 +433,27 @@ void Gpt::block_forward(int l, BlockActs& a, const float* in, float* out) {
   const size_t rc = static_cast<size_t>(R) * C;
   const auto& o = block_offsets_;
   uint16_t* x16 = input_bf16(rc);
-  k::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), in, p(u, o[kLn1w]),
-                       p(u, o[kLn1b]), R, C, x16);
+  backend_->layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), in,
+                              p(u, o[kLn1w]), p(u, o[kLn1b]), R, C, x16);
   const float* x = gather_rows(a.ln1.data(), gathered_.data());
-  k::matmul_forward(gemm_, a.qkv.data(), x, p(u, o[kQkvw]), p(u, o[kQkvb]), N, C, 3 * Cl,
-                    p16(u, o[kQkvw]), x16);
-  k::attention_forward(gemm_, a.atty.data(), a.att.data(), a.qkv.data(), B, T, Cl, NHl_);
+  backend_->matmul_forward(a.qkv.data(), x, p(u, o[kQkvw]), p(u, o[kQkvb]), N, C, 3 * Cl,
+                           p16(u, o[kQkvw]), x16);
+  backend_->attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B, T, Cl, NHl_);
   const float* y =
       row_parallel_linear(proj_.data(), a.atty.data(), weight(u, o[kProjw]), p(u, o[kProjb]), Cl);
   x16 = input_bf16(rc);
-  k::residual_layernorm_forward(a.res2.data(), a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
-                                in, y, p(u, o[kLn2w]), p(u, o[kLn2b]), R, C, x16);
+  backend_->residual_layernorm_forward(a.res2.data(), a.ln2.data(), a.ln2_mean.data(),
+                                       a.ln2_rstd.data(), in, y, p(u, o[kLn2w]), p(u, o[kLn2b]), R,
+                                       C, x16);
   x = gather_rows(a.ln2.data(), gathered_.data());
-  k::matmul_forward(gemm_, a.fch.data(), x, p(u, o[kFcw]), p(u, o[kFcb]), N, C, 4 * Cl,
-                    p16(u, o[kFcw]), x16);
+  backend_->matmul_forward(a.fch.data(), x, p(u, o[kFcw]), p(u, o[kFcb]), N, C, 4 * Cl,
+                           p16(u, o[kFcw]), x16);
   const size_t n4 = static_cast<size_t>(N) * 4 * Cl;
-  x16 = gemm_.staging_bf16(static_cast<int64_t>(n4));  // the product's input, also under SP
-  k::gelu_forward(a.fch_gelu.data(), a.fch.data(), n4, x16);
+  x16 = backend_->staging_bf16(static_cast<int64_t>(n4));  // the product's input, also under SP
+  backend_->gelu_forward(a.fch_gelu.data(), a.fch.data(), n4, x16);
   y = row_parallel_linear(proj_.data(), a.fch_gelu.data(), weight(u, o[kFcProjw]),
                           p(u, o[kFcProjb]), 4 * Cl, x16);
-  k::residual_forward(out, a.res2.data(), y, rc);
+  backend_->residual_forward(out, a.res2.data(), y, rc);
 }
 
 // Room for the bf16 rounding of a product's input of n elements, written by the pass that
@@ -458,7 +463,7 @@ void Gpt::block_forward(int l, BlockActs& a, const float* in, float* out) {
 // would not be the product's input).
 uint16_t* Gpt::input_bf16(size_t n) {
   if (sp_) return nullptr;
-  return gemm_.staging_bf16(static_cast<int64_t>(n));
+  return backend_->staging_bf16(static_cast<int64_t>(n));
 }
 
 // The block's forward in reverse. dx holds d(out) on entry and d(in) on exit (R,C): the
@@ -481,8 +486,8 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
   linear_backward(part, d_fch_gelu_.data(), g(u, o[kFcProjw]), g(u, o[kFcProjb]), dout,
                   a.fch_gelu.data(), weight(u, o[kFcProjw]), N, 4 * Cl, C,
                   kept(&BlockGrads::mlp_out), nullptr, kAssign);
-  k::gelu_backward(d_fch_.data(), a.fch.data(), d_fch_gelu_.data(), static_cast<size_t>(N) * 4 * Cl,
-                   kAssign);
+  backend_->gelu_backward(d_fch_.data(), a.fch.data(), d_fch_gelu_.data(),
+                          static_cast<size_t>(N) * 4 * Cl, kAssign);
   const float* x = whole ? gather_rows(a.ln2.data(), gathered_.data()) : nullptr;
   linear_backward(part, d_ln2_.data(), g(u, o[kFcw]), g(u, o[kFcb]), d_fch_.data(), x,
                   weight(u, o[kFcw]), N, C, 4 * Cl, kept(&BlockGrads::fch), nullptr, kAssign);
@@ -494,8 +499,8 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
   dout = gather_rows(dx, d_all_.data());
   linear_backward(part, d_atty_.data(), g(u, o[kProjw]), g(u, o[kProjb]), dout, a.atty.data(),
                   weight(u, o[kProjw]), N, Cl, C, kept(&BlockGrads::attn_out), nullptr, kAssign);
-  k::attention_backward(gemm_, d_qkv_.data(), d_att_.data(), d_atty_.data(), a.qkv.data(),
-                        a.att.data(), B, T, Cl, NHl_, kAssign);
+  backend_->attention_backward(d_qkv_.data(), d_att_.data(), d_atty_.data(), a.qkv.data(),
+                               a.att.data(), B, T, Cl, NHl_, kAssign);
   x = whole ? gather_rows(a.ln1.data(), gathered_.data()) : nullptr;
   linear_backward(part, d_ln1_.data(), g(u, o[kQkvw]), g(u, o[kQkvb]), d_qkv_.data(), x,
                   weight(u, o[kQkvw]), N, C, 3 * Cl, kept(&BlockGrads::qkv), nullptr, kAssign);
@@ -510,17 +515,17 @@ void Gpt::block_weight_grads(int l, BlockActs& a, const float* in, const BlockGr
   const int C = cfg_.n_embd, N = N_, Cl = Cl_, u = l + 1;
   const auto& o = block_offsets_;
   constexpr auto kW = BackwardPart::kWeight;
-  k::matmul_backward_weight(gemm_, g(u, o[kFcProjw]), g(u, o[kFcProjb]), kept.mlp_out.data(),
-                            a.fch_gelu.data(), N, 4 * Cl, C);
+  backend_->matmul_backward_weight(g(u, o[kFcProjw]), g(u, o[kFcProjb]), kept.mlp_out.data(),
+                                   a.fch_gelu.data(), N, 4 * Cl, C);
   const float* x = gather_rows(a.ln2.data(), gathered_.data());
-  k::matmul_backward_weight(gemm_, g(u, o[kFcw]), g(u, o[kFcb]), kept.fch.data(), x, N, C, 4 * Cl);
+  backend_->matmul_backward_weight(g(u, o[kFcw]), g(u, o[kFcb]), kept.fch.data(), x, N, C, 4 * Cl);
   layernorm_backward_rows(kW, nullptr, g(u, o[kLn2w]), g(u, o[kLn2b]), kept.ln2.data(),
                           a.res2.data(), nullptr, a.ln2_mean.data(), a.ln2_rstd.data());
-  k::matmul_backward_weight(gemm_, g(u, o[kProjw]), g(u, o[kProjb]), kept.attn_out.data(),
-                            a.atty.data(), N, Cl, C);
+  backend_->matmul_backward_weight(g(u, o[kProjw]), g(u, o[kProjb]), kept.attn_out.data(),
+                                   a.atty.data(), N, Cl, C);
   x = gather_rows(a.ln1.data(), gathered_.data());
-  k::matmul_backward_weight(gemm_, g(u, o[kQkvw]), g(u, o[kQkvb]), kept.qkv.data(), x, N, C,
-                            3 * Cl);
+  backend_->matmul_backward_weight(g(u, o[kQkvw]), g(u, o[kQkvb]), kept.qkv.data(), x, N, C,
+                                   3 * Cl);
   layernorm_backward_rows(kW, nullptr, g(u, o[kLn1w]), g(u, o[kLn1b]), kept.ln1.data(), in, nullptr,
                           a.ln1_mean.data(), a.ln1_rstd.data());
 }
@@ -535,16 +540,16 @@ void Gpt::embed_forward(Activations& a) {
   const int* tokens = a.tokens.data();
   float* out = a.resid[0].data();
   if (tp_ == 1) {
-    k::encoder_forward(out, tokens, p(0, 0), p(0, tensors_[1].offset), B_, T_, C);
+    backend_->encoder_forward(out, tokens, p(0, 0), p(0, tensors_[1].offset), B_, T_, C);
     return;
   }
   float* partial = sp_ ? proj_.data() : out;
-  k::embedding_shard_forward(partial, tokens, p(0, 0), vocab_begin_, Vl_, N_, C);
+  backend_->embedding_shard_forward(partial, tokens, p(0, 0), vocab_begin_, Vl_, N_, C);
   if (sp_)
     tp_comm_->reduce_scatter_sum(partial, out, static_cast<size_t>(R_) * C);
   else
     tp_comm_->allreduce_sum(out, static_cast<size_t>(N_) * C);
-  k::position_forward(out, p(0, tensors_[1].offset), row_begin_, R_, T_, C);
+  backend_->position_forward(out, p(0, tensors_[1].offset), row_begin_, R_, T_, C);
 }
 
 // The embedding's gradients from dx (R,C), the gradient of its output: it has no input to
@@ -552,12 +557,12 @@ void Gpt::embed_forward(Activations& a) {
 void Gpt::embed_weight_grads(const int* tokens, const float* dx) {
   const int C = cfg_.n_embd;
   if (tp_ == 1) {
-    k::encoder_backward(g(0, 0), g(0, tensors_[1].offset), dx, tokens, B_, T_, C);
+    backend_->encoder_backward(g(0, 0), g(0, tensors_[1].offset), dx, tokens, B_, T_, C);
     return;
   }
   const float* dout = gather_rows(dx, d_all_.data());
-  k::embedding_shard_backward(g(0, 0), dout, tokens, vocab_begin_, Vl_, N_, C);
-  k::position_backward(g(0, tensors_[1].offset), dout, 0, N_, T_, C);
+  backend_->embedding_shard_backward(g(0, 0), dout, tokens, vocab_begin_, Vl_, N_, C);
+  backend_->position_backward(g(0, tensors_[1].offset), dout, 0, N_, T_, C);
 }
 
 // Mean cross-entropy of the logits (kept as they are without tensor parallelism; the
@@ -566,11 +571,12 @@ float Gpt::loss_forward(Activations& a) {
   const float* logits = a.logits.data();
   const int* targets = a.targets.data();
   if (tp_ == 1) {
-    k::crossentropy_forward(a.losses.data(), a.loss_max.data(), a.loss_sum.data(), logits, targets,
-                            N_, cfg_.vocab_size, cfg_.padded_vocab_size);
+    backend_->crossentropy_forward(a.losses.data(), a.loss_max.data(), a.loss_sum.data(), logits,
+                                   targets, N_, cfg_.vocab_size, cfg_.padded_vocab_size);
   } else {
     VocabShard shard{vocab_begin_, Vl_, vocab_valid_};
-    vocab_parallel_cross_entropy(*tp_comm_, a.logits.data(), a.losses.data(), targets, N_, shard,
+    vocab_parallel_cross_entropy(*backend_, *tp_comm_, a.logits.data(), a.losses.data(), targets,
+                                 N_, shard,
                                  {a.loss_max.data(), a.loss_sum.data(), a.loss_target.data()});
   }
   double sum = 0;
@@ -638,14 +644,14 @@ float Gpt::forward_units(Activations& a, int first, int last, const int* tokens,
   }
   if (last != head) return 0;
   use(head);
-  k::layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), a.resid.back().data(),
-                       p(head, 0), p(head, C), R_, C);
+  backend_->layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(),
+                              a.resid.back().data(), p(head, 0), p(head, C), R_, C);
   done(head);
   // The tied head is column-parallel over the vocabulary: f before it.
   const float* x = gather_rows(a.lnf.data(), a.lnf_all.data());
   use(0, true);
   round_unit(0);
-  k::matmul_forward(gemm_, a.logits.data(), x, p(0, 0), nullptr, N_, C, Vl_, p16(0, 0));
+  backend_->matmul_forward(a.logits.data(), x, p(0, 0), nullptr, N_, C, Vl_, p16(0, 0));
   done(0);
   return with_loss ? loss_forward(a) : 0;
 }
@@ -661,8 +667,8 @@ void Gpt::backward_units(Activations& a, float scale, const float* dout, Backwar
     // The weight gradients in the order a whole backward computes them.
     if (a.last == head) {
       use(0, true);
-      k::matmul_backward_weight(gemm_, g(0, 0), nullptr, a.logits.data(),
-                                sp_ ? a.lnf_all.data() : a.lnf.data(), N_, C, Vl_);
+      backend_->matmul_backward_weight(g(0, 0), nullptr, a.logits.data(),
+                                       sp_ ? a.lnf_all.data() : a.lnf.data(), N_, C, Vl_);
       done(0);
       if (a.first > 0) ready(0);
       use(head);
@@ -696,12 +702,12 @@ void Gpt::backward_units(Activations& a, float scale, const float* dout, Backwar
     // that the head's two bf16 products read (null in fp32).
     uint16_t* dlogits16 = nullptr;
     if (tp_ == 1) {
-      dlogits16 = gemm_.staging_bf16(static_cast<int64_t>(N_) * Vl_);
-      k::crossentropy_backward_inplace(a.logits.data(), dlogits16, a.loss_max.data(),
-                                       a.loss_sum.data(), dloss, a.targets.data(), N_,
-                                       cfg_.vocab_size, cfg_.padded_vocab_size);
+      dlogits16 = backend_->staging_bf16(static_cast<int64_t>(N_) * Vl_);
+      backend_->crossentropy_backward_inplace(a.logits.data(), dlogits16, a.loss_max.data(),
+                                              a.loss_sum.data(), dloss, a.targets.data(), N_,
+                                              cfg_.vocab_size, cfg_.padded_vocab_size);
     } else {
-      vocab_parallel_cross_entropy_backward(a.logits.data(), dloss, a.targets.data(), N_,
+      vocab_parallel_cross_entropy_backward(*backend_, a.logits.data(), dloss, a.targets.data(), N_,
                                             {vocab_begin_, Vl_, vocab_valid_});
     }
     std::fill(d_lnf_.begin(), d_lnf_.end(), 0.0f);

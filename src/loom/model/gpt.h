@@ -34,13 +34,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "loom/core/box.h"
 #include "loom/core/state_memory.h"
-#include "loom/kernels/cpu/gemm.h"
+#include "loom/kernels/backend.h"
 #include "loom/model/tp_comm.h"
 #include "loom/profile/trace.h"
 
@@ -182,7 +183,11 @@ class Gpt {
   // Recompute policy: 0 keeps every block's activations, k >= 1 recomputes blocks
   // 0, k, 2k, ... (1 = all).
   void set_recompute_every(int k) { recompute_every_ = k; }
-  void set_precision(kernels::cpu::Precision p) { gemm_.set_precision(p); }
+  // The kernels the model runs on (kernels/backend.h): the optimised CPU backend unless
+  // replaced (train.backend); it keeps the precision set before or after.
+  void set_backend(std::unique_ptr<kernels::Backend> b);
+  kernels::Backend& backend() const { return *backend_; }
+  void set_precision(kernels::Precision p) { backend_->set_precision(p); }
   // Under native bf16 products the model keeps a bf16 copy of each unit's parameters, made
   // when the unit's forward starts and read by that forward's products and by its
   // backward's (which runs on the same parameters): one rounding of a weight per forward
@@ -193,7 +198,7 @@ class Gpt {
   // the loss's backward) write its bf16 rounding for the product, and operands two products
   // read are rounded once (on: the default). Off, every product rounds its own operands: the
   // same bits, more passes over memory (the tests' reference).
-  void set_bf16_staging(bool on) { gemm_.set_staging(on); }
+  void set_bf16_staging(bool on) { backend_->set_staging(on); }
 
   // GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0,
   // LayerNorm weights 1, padded vocabulary rows 0. Every value is a pure function of (seed,
@@ -320,7 +325,7 @@ class Gpt {
   std::vector<size_t> block_offsets_;  // offset of each of a block's 12 tensors within it
   UnitHooks* hooks_ = nullptr;
   int recompute_every_ = 0;
-  kernels::cpu::Gemm gemm_;
+  std::unique_ptr<kernels::Backend> backend_;
   bool bf16_copies_ = true;
   // Per unit: its bf16 copy and the fp32 buffer it was made from (a copy is read only
   // while the unit is still bound to that buffer).

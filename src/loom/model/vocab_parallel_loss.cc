@@ -2,27 +2,24 @@
 
 #include <cmath>
 
-#include "loom/kernels/cpu/kernels.h"
-
 namespace loom::model {
-namespace k = kernels::cpu;
 
-void vocab_parallel_cross_entropy(TpComm& tp, float* logits, float* losses, const int* targets,
-                                  int N, VocabShard shard, VocabLossScratch s) {
+void vocab_parallel_cross_entropy(kernels::Backend& kb, TpComm& tp, float* logits, float* losses,
+                                  const int* targets, int N, VocabShard shard, VocabLossScratch s) {
   const size_t n = static_cast<size_t>(N);
-  k::logits_shard_max(s.max, logits, N, shard.count, shard.valid);
+  kb.logits_shard_max(s.max, logits, N, shard.count, shard.valid);
   tp.allreduce_max(s.max, n);
-  k::logits_shard_target(s.target, logits, targets, N, shard.count, shard.begin, shard.valid);
+  kb.logits_shard_target(s.target, logits, targets, N, shard.count, shard.begin, shard.valid);
   tp.allreduce_sum(s.target, n);
-  k::softmax_shard_exp(logits, s.sum, s.max, N, shard.count, shard.valid);
+  kb.softmax_shard_exp(logits, s.sum, s.max, N, shard.count, shard.valid);
   tp.allreduce_sum(s.sum, n);
-  k::softmax_shard_scale(logits, s.sum, N, shard.count, shard.valid);
+  kb.softmax_shard_scale(logits, s.sum, N, shard.count, shard.valid);
   for (int i = 0; i < N; ++i) losses[i] = std::log(s.sum[i]) - (s.target[i] - s.max[i]);
 }
 
-void vocab_parallel_cross_entropy_backward(float* probs, float dloss, const int* targets, int N,
-                                           VocabShard shard) {
-  k::crossentropy_shard_backward_inplace(probs, dloss, targets, N, shard.count, shard.begin,
+void vocab_parallel_cross_entropy_backward(kernels::Backend& kb, float* probs, float dloss,
+                                           const int* targets, int N, VocabShard shard) {
+  kb.crossentropy_shard_backward_inplace(probs, dloss, targets, N, shard.count, shard.begin,
                                          shard.valid);
 }
 

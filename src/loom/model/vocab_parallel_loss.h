@@ -10,6 +10,7 @@
 //   dlogits = (probs - onehot(target)) * dloss on every shard.
 #pragma once
 
+#include "loom/kernels/backend.h"
 #include "loom/model/tp_comm.h"
 
 namespace loom::model {
@@ -25,10 +26,11 @@ struct VocabLossScratch {
 };
 
 // logits (N, shard.count) -> probabilities in place; losses (N).
-void vocab_parallel_cross_entropy(TpComm& tp, float* logits, float* losses, const int* targets,
-                                  int N, VocabShard shard, VocabLossScratch scratch);
+void vocab_parallel_cross_entropy(kernels::Backend& kb, TpComm& tp, float* logits, float* losses,
+                                  const int* targets, int N, VocabShard shard,
+                                  VocabLossScratch scratch);
 // probs -> dlogits in place (the one exception to the += rule, as on one rank).
-void vocab_parallel_cross_entropy_backward(float* probs, float dloss, const int* targets, int N,
-                                           VocabShard shard);
+void vocab_parallel_cross_entropy_backward(kernels::Backend& kb, float* probs, float dloss,
+                                           const int* targets, int N, VocabShard shard);
 
 }  // namespace loom::model

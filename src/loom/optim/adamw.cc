@@ -23,9 +23,14 @@ void AdamW::update(float* params, const float* grads, float* m, float* v, size_t
   for (const DecaySpan& s : spans_) {
     const size_t a = std::max(lo, s.begin), b = std::min(hi, s.end);
     if (a >= b) continue;
-    kernels::cpu::adamw_update(params + a, grads + a, m + (a - lo), v + (a - lo), b - a,
-                               static_cast<float>(lr), p.beta1, p.beta2, p.eps,
-                               s.decay ? p.weight_decay : 0.0f, static_cast<int>(t), grad_scale);
+    float *pa = params + a, *ma = m + (a - lo), *va = v + (a - lo);
+    const float wd = s.decay ? p.weight_decay : 0.0f, lr32 = static_cast<float>(lr);
+    if (backend_)
+      backend_->adamw_update(pa, grads + a, ma, va, b - a, lr32, p.beta1, p.beta2, p.eps, wd,
+                             static_cast<int>(t), grad_scale);
+    else
+      kernels::cpu::adamw_update(pa, grads + a, ma, va, b - a, lr32, p.beta1, p.beta2, p.eps, wd,
+                                 static_cast<int>(t), grad_scale);
   }
 }
 

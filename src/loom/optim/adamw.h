@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "loom/core/state_memory.h"
+#include "loom/kernels/backend.h"
 #include "loom/optim/moment_file.h"
 
 namespace loom::optim {
@@ -28,6 +29,9 @@ class AdamW {
   // number) say where weight decay applies and are clipped to the range. With `file` the
   // moments live there (zero.offload = disk) and a step streams them through memory.
   AdamW(const std::vector<DecaySpan>& spans, size_t begin, size_t end, MomentFile* file = nullptr);
+  // The kernels the update runs on (the model's backend; it must outlive this); without one,
+  // the CPU kernel.
+  void set_backend(kernels::Backend* b) { backend_ = b; }
   size_t begin() const { return begin_; }
   size_t end() const { return end_; }
   size_t size() const { return end_ - begin_; }
@@ -55,6 +59,7 @@ class AdamW {
   StateVector m_, v_;             // in memory, or
   MomentFile* file_ = nullptr;    // in the file at offset_: m (size() floats), then v
   size_t offset_ = 0;
+  kernels::Backend* backend_ = nullptr;
 };
 
 }  // namespace loom::optim

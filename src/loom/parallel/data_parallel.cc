@@ -85,6 +85,7 @@ DataParallel::DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOpt
     optim::MomentFile* file = opt_.moments.get();
     x.adam = policy_->shards() ? std::make_unique<optim::AdamW>(decay, x.own_begin, x.own_end, file)
                                : std::make_unique<optim::AdamW>(decay, x.begin, x.end, file);
+    x.adam->set_backend(&model_.backend());
     // Between uses the model sees the unit's parameters where they are replicated, and its
     // gradient buffer where a whole one lives through the step.
     float* params = policy_->params_sharded() ? nullptr : params_.data() + x.full_off;

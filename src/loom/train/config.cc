@@ -55,6 +55,10 @@ std::vector<Field> fields_of(TrainConfig& c) {
          return one_of(c.dtype, {"auto", "fp32", "bf16"});
        }},
       {"train.threads", &c.threads, [&] { return at_least(c.threads, 0); }},
+      {"train.backend", &c.backend,
+       [&] {
+         return one_of(c.backend, {"cpu", "reference"});
+       }},
       {"train.recompute", &c.recompute,
        [&] {
          if (c.recompute == "none" || c.recompute == "all") return std::string();

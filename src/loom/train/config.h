@@ -34,6 +34,9 @@ struct TrainConfig {
   int64_t seed = 1337;
   std::string dtype = "auto";  // auto | fp32 | bf16 (bf16 products, fp32 master weights and sums)
   int64_t threads = 0;         // OpenMP threads per rank; 0: the cores this rank may use
+  // Kernel backend (kernels/backend.h): cpu (optimised) | reference (plain loops, slow; the
+  // oracle the tests hold cpu to)
+  std::string backend = "cpu";
   std::string recompute = "none";          // none | all | every_K
   int64_t zero = 0;                        // ZeRO stage 0-3 (docs/algorithms.md "ZeRO")
   int64_t tp = 1;                          // tensor-parallel size (docs/algorithms.md)

@@ -23,6 +23,7 @@
 #include "loom/core/stats.h"
 #include "loom/data/loader.h"
 #include "loom/interop/model_files.h"
+#include "loom/kernels/backend.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/model/gpt.h"
 #include "loom/optim/moment_file.h"
@@ -650,6 +651,7 @@ void Trainer::build_model() {
       model_cfg_, /*own_storage=*/false,
       model::TensorSplit{mesh_->tp(), coord_.tp, cfg_.sequence_parallel});
   model_->set_recompute_every(cfg_.recompute_every());
+  if (cfg_.backend != "cpu") model_->set_backend(kernels::make_backend(cfg_.backend));
 }
 
 void Trainer::open_offload() {
@@ -726,12 +728,13 @@ void Trainer::resolve_precision() {
     peaks_[0] = sums[0], peaks_[1] = sums[1];
   }
   const nlohmann::json* meta = checkpoint_ ? &checkpoint_->meta() : nullptr;
-  cfg_.dtype = requested_dtype_ == "auto" && meta && meta->contains("dtype")
-                   ? (*meta)["dtype"].get<std::string>()
-                   : TrainConfig::resolve_dtype(requested_dtype_, peaks_[0], peaks_[1],
-                                                kernels::cpu::native_bf16());
+  cfg_.dtype =
+      requested_dtype_ == "auto" && meta && meta->contains("dtype")
+          ? (*meta)["dtype"].get<std::string>()
+          : TrainConfig::resolve_dtype(requested_dtype_, peaks_[0], peaks_[1],
+                                       cfg_.backend == "cpu" && kernels::cpu::native_bf16());
   const bool bf16 = cfg_.dtype == "bf16";
-  model_->set_precision(bf16 ? kernels::cpu::Precision::kBF16 : kernels::cpu::Precision::kF32);
+  model_->set_precision(bf16 ? kernels::Precision::kBF16 : kernels::Precision::kF32);
   peak_gflops_ = cfg_.peak_gflops > 0 ? cfg_.peak_gflops * world_ : peaks_[bf16 ? 1 : 0];
   if (requested_dtype_ == "bf16" && peaks_[1] < peaks_[0] && rank_ == 0)
     std::fprintf(stderr,
@@ -760,8 +763,9 @@ void Trainer::print_banner() const {
       static_cast<long long>(cfg_.grad_accum), mesh_->dp(), static_cast<long long>(cfg_.zero),
       cfg_.dtype.c_str(), requested_dtype_ == "auto" ? " (auto)" : "", threads_,
       threads_why_.c_str(), peak_gflops_, peaks.c_str());
-  std::printf("loom: layout %s%s\n", mesh_->describe().c_str(),
-              cfg_.sequence_parallel && mesh_->tp() > 1 ? ", sequence parallel" : "");
+  std::printf("loom: layout %s%s%s\n", mesh_->describe().c_str(),
+              cfg_.sequence_parallel && mesh_->tp() > 1 ? ", sequence parallel" : "",
+              cfg_.backend != "cpu" ? (", kernels: " + cfg_.backend).c_str() : "");
   if (pipeline_)
     std::printf(
         "loom: pipeline %s, %lld microbatches%s, %d chunk(s) per stage: %s\n",

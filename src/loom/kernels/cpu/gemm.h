@@ -15,9 +15,11 @@
 #include <cstdint>
 #include <memory>
 
+#include "loom/kernels/backend.h"
+
 namespace loom::kernels::cpu {
 
-enum class Precision { kF32, kBF16 };
+using kernels::Precision;
 
 // A batch of matrices over a float buffer: element (b0, b1, row, col) lives at
 // data[b0 * batch0 + b1 * batch1 + row * row_stride + col * col_stride].

@@ -67,9 +67,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   }
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C) {
+void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
+                              const float* mean, const float* rstd, int N, int C) {
   for (int n = 0; n < N; ++n) {
     const float* x = inp + static_cast<size_t>(n) * C;
     const float* d = dout + static_cast<size_t>(n) * C;
@@ -88,48 +87,93 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       const double dnorm = static_cast<double>(d[i]) * weight[i];
       dinp[static_cast<size_t>(n) * C + i] +=
           static_cast<float>(s * (dnorm - dnorm_mean - xhat * dnorm_xhat_mean));
-      dweight[i] += static_cast<float>(xhat * d[i]);
-      dbias[i] += d[i];
     }
   }
 }
 
+void layernorm_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* mean, const float* rstd, int N, int C) {
+  for (int i = 0; i < C; ++i) {
+    double dw = 0, db = 0;
+    for (int n = 0; n < N; ++n) {
+      const double xhat =
+          (inp[static_cast<size_t>(n) * C + i] - mean[n]) * static_cast<double>(rstd[n]);
+      dw += xhat * dout[static_cast<size_t>(n) * C + i];
+      db += dout[static_cast<size_t>(n) * C + i];
+    }
+    dweight[i] += static_cast<float>(dw);
+    dbias[i] += static_cast<float>(db);
+  }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+  layernorm_backward_input(dinp, dout, inp, weight, mean, rstd, N, C);
+  layernorm_backward_weight(dweight, dbias, dout, inp, mean, rstd, N, C);
+}
+
+namespace {
+// x (n values) as a product reads them: rounded to bf16 when bf16.
+std::vector<float> operands(const float* x, size_t n, bool bf16) {
+  std::vector<float> r(x, x + n);
+  for (float& v : r) v = operand(v, bf16);
+  return r;
+}
+}  // namespace
+
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC, bool bf16) {
+  const auto x = operands(inp, static_cast<size_t>(N) * C, bf16);
+  const auto w = operands(weight, static_cast<size_t>(OC) * C, bf16);
   for (int n = 0; n < N; ++n)
     for (int o = 0; o < OC; ++o) {
       double sum = bias ? bias[o] : 0.0;
       for (int i = 0; i < C; ++i)
-        sum += static_cast<double>(operand(inp[static_cast<size_t>(n) * C + i], bf16)) *
-               operand(weight[static_cast<size_t>(o) * C + i], bf16);
+        sum += static_cast<double>(x[static_cast<size_t>(n) * C + i]) *
+               w[static_cast<size_t>(o) * C + i];
       out[static_cast<size_t>(n) * OC + o] = static_cast<float>(sum);
     }
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC, bool bf16) {
+void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C,
+                           int OC, bool bf16) {
+  const auto d = operands(dout, static_cast<size_t>(N) * OC, bf16);
+  const auto w = operands(weight, static_cast<size_t>(OC) * C, bf16);
   for (int n = 0; n < N; ++n)
     for (int i = 0; i < C; ++i) {
       double sum = 0;
       for (int o = 0; o < OC; ++o)
-        sum += static_cast<double>(operand(dout[static_cast<size_t>(n) * OC + o], bf16)) *
-               operand(weight[static_cast<size_t>(o) * C + i], bf16);
+        sum += static_cast<double>(d[static_cast<size_t>(n) * OC + o]) *
+               w[static_cast<size_t>(o) * C + i];
       dinp[static_cast<size_t>(n) * C + i] += static_cast<float>(sum);
     }
+}
+
+void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp,
+                            int N, int C, int OC, bool bf16) {
+  const auto d = operands(dout, static_cast<size_t>(N) * OC, bf16);
+  const auto x = operands(inp, static_cast<size_t>(N) * C, bf16);
   for (int o = 0; o < OC; ++o) {
     for (int i = 0; i < C; ++i) {
       double sum = 0;
       for (int n = 0; n < N; ++n)
-        sum += static_cast<double>(operand(dout[static_cast<size_t>(n) * OC + o], bf16)) *
-               operand(inp[static_cast<size_t>(n) * C + i], bf16);
+        sum += static_cast<double>(d[static_cast<size_t>(n) * OC + o]) *
+               x[static_cast<size_t>(n) * C + i];
       dweight[static_cast<size_t>(o) * C + i] += static_cast<float>(sum);
     }
-    if (dbias) {
+    if (dbias) {  // the bias's gradient reads dout unrounded (it is no product)
       double sum = 0;
       for (int n = 0; n < N; ++n) sum += dout[static_cast<size_t>(n) * OC + o];
       dbias[o] += static_cast<float>(sum);
     }
   }
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC, bool bf16) {
+  matmul_backward_input(dinp, dout, weight, N, C, OC, bf16);
+  matmul_backward_weight(dweight, dbias, dout, inp, N, C, OC, bf16);
 }
 
 namespace {

@@ -35,6 +35,11 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);
+// Its two halves: dinp alone; dweight and dbias alone.
+void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
+                              const float* mean, const float* rstd, int N, int C);
+void layernorm_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* mean, const float* rstd, int N, int C);
 
 // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC; may be null).
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
@@ -42,6 +47,11 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 // dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout (if given).
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC, bool bf16);
+// Its two halves: dinp alone; dweight and dbias alone.
+void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C,
+                           int OC, bool bf16);
+void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp,
+                            int N, int C, int OC, bool bf16);
 
 // Causal self-attention: inp (B,T,3C) holds q, k, v per row; hs = C/NH; per (b, h, t):
 // att[t2] = softmax over t2 <= t of q_t . k_t2 / sqrt(hs) (0 for t2 > t), saved (B,NH,T,T);
