@@ -408,12 +408,13 @@ TEST_P(DataParallelSteps, LossesOfOneProcessAndZerosMemory) {
   auto run = [&](std::shared_ptr<comm::Communicator> dp, int zero, int rank, int n) {
     model::Gpt m(cfg, /*own_storage=*/false);
     parallel::DpOptions o;
-    o.zero = zero;
+    o.sharding = parallel::make_sharding_policy(zero);
     o.shared_gather = k.shared_gather;
     const parallel::ProcessGroups groups{nullptr, dp, nullptr, nullptr, nullptr};
     parallel::DataParallel engine(m, groups, o);
     parallel::StepComposer step(engine, groups);
     engine.init_weights(7);
+    step.check_replicas("the initial weights", true);
     std::vector<float> losses;
     const int mine = rows / n;
     for (int s = 0; s < steps; ++s) {
@@ -479,6 +480,42 @@ INSTANTIATE_TEST_SUITE_P(Stages, DataParallelSteps,
                                   std::to_string(info.param.zero) +
                                   (info.param.shared_gather ? "" : "_gather_per_rank");
                          });
+
+// The replica check (StepComposer::check_replicas) over data-parallel ranks whose weights
+// differ (initialised from different seeds): ZeRO 0-2 hold whole replicas, so the check
+// names the group and the ranks; ZeRO-3's shards are not replicas, so it passes. Equal
+// seeds pass at every stage.
+TEST(StepComposer, ReplicaCheckNamesTheGroupAndRanks) {
+  for (int zero : {0, 2, 3})
+    run_ranks(2, Layout::kShm, "replicas" + std::to_string(zero), [&](comm::Communicator& c) {
+      model::Gpt m(small_gpt(2, 32), /*own_storage=*/false);
+      parallel::DpOptions o;
+      o.sharding = parallel::make_sharding_policy(zero);
+      const parallel::ProcessGroups groups{nullptr, c.shared_from_this(), nullptr, nullptr,
+                                           nullptr};
+      parallel::DataParallel engine(m, groups, o);
+      parallel::StepComposer step(engine, groups);
+      engine.init_weights(7);
+      EXPECT_NO_THROW(step.check_replicas("the initial weights", true));
+      engine.init_weights(7 + c.rank());
+      if (zero == 3) {
+        EXPECT_NO_THROW(step.check_replicas("the initial weights", true));
+        return;
+      }
+      try {
+        step.check_replicas("the initial weights", true);
+        ADD_FAILURE() << "zero " << zero << ": different replicas passed the check";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("the data-parallel replicas of the initial weights "
+                                             "differ between ranks 0 and 1"),
+                  std::string::npos)
+            << e.what();
+      }
+      // Without across_dp (a checkpoint's moment: replicas were checked at the start) the
+      // data-parallel copies are not compared.
+      EXPECT_NO_THROW(step.check_replicas("the weights at step 5", false));
+    });
+}
 
 }  // namespace
 }  // namespace loom::test

@@ -292,6 +292,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Runs `first` and every send/receive queued behind it together, finishing each op's work
   // (p2p.cc).
   void run_p2p(Op first, bool on_caller);
+  // The sends and receives run_p2p runs together, and its steps (p2p.cc).
+  struct P2pBatch;
+  void p2p_post(P2pBatch& b, Op& op);
+  bool p2p_match_any_source(P2pBatch& b);
+  bool p2p_take_queued(P2pBatch& b);
+  bool p2p_retire_done(P2pBatch& b);
   void worker_loop();
   void check_abort();
   [[noreturn]] void fail(const Op& op, const std::exception& e);

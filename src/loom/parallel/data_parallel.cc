@@ -37,19 +37,16 @@ bool take_pooled(std::multimap<size_t, V>& pool, size_t n, V& out) {
 }  // namespace
 
 DataParallel::DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOptions o)
-    : model_(model),
-      dp_(groups.dp),
-      tp_(groups.tp),
-      embedding_(groups.embedding),
-      opt_(std::move(o)) {
-  policy_ = make_sharding_policy(opt_.zero);
+    : model_(model), dp_(groups.dp), tp_(groups.tp), opt_(std::move(o)) {
+  policy_ = opt_.sharding ? opt_.sharding : make_sharding_policy(0);
   // zero.shard_group = node: the mesh's groups hold the machine's shard group and the
   // replica group across machines (parallel/process_groups.h).
   shard_group_ = policy_->shards() && groups.shard ? groups.shard : dp_;
   if (policy_->shards()) replica_group_ = groups.replica;
   S_ = shard_group_ ? shard_group_->size() : 1;
   r_ = shard_group_ ? shard_group_->rank() : 0;
-  policy_ = make_sharding_policy(policy_->stage(), S_ == 1 && !replica_group_);
+  if (S_ == 1 && !replica_group_)  // nothing to shard: stages 2 and 3 are stage 1
+    policy_ = make_sharding_policy(policy_->stage(), /*nothing_to_shard=*/true);
 
   size_t full = 0, shard = 0;
   const auto& held = opt_.units;
@@ -190,44 +187,27 @@ void DataParallel::init_weights(uint64_t seed) {
       model_.init_params(seed, x.begin, x.end, full_param(u));
     }
   }
-  check_replicas("the initial weights", true);
 }
 
-void DataParallel::check_replicas(const std::string& when, bool across_dp) {
-  auto compare = [&](comm::Communicator& group, uint64_t mine, const std::string& what) {
-    int64_t sum = static_cast<int64_t>(mine);
-    std::vector<int64_t> all(group.size());
-    timed([&] { group.allgather(&sum, all.data(), 1, DType::kI64); });
-    for (int q = 0; q < group.size(); ++q)
-      if (all[q] != all[0])
-        throw Error(what + " of " + when + " differ between ranks 0 and " + std::to_string(q) +
-                    " of the " + group.config().name + " group (checksum mismatch)");
-  };
-  if (across_dp && dp_ && !policy_->params_sharded())
-    compare(*dp_, checksum64(params_.data(), params_.size() * sizeof(float)),
-            "the data-parallel replicas");
-  // The checksum of the tensors this rank holds for which keep(t) holds.
-  auto held_sum = [&](auto keep) {
-    Checksum64 sum;
-    const bool sharded = policy_->params_sharded();
-    for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
-      const Unit& x = units_[u];
-      for_each_slice(u, sharded ? x.own_begin : x.begin, sharded ? x.own_end : x.end,
-                     [&](const model::Tensor& t, int64_t, int64_t n, size_t a) {
-                       if (!keep(t)) return;
-                       const float* p = sharded ? own_param(u) + (a - x.own_begin)
-                                                : full_param(u) + (a - x.begin);
-                       sum.update(p, static_cast<size_t>(n) * sizeof(float));
-                     });
-    }
-    return sum.value();
-  };
-  if (tp_)
-    compare(*tp_, held_sum([](const model::Tensor& t) { return t.replicated; }),
-            "replicated tensors (LayerNorms, wpe, row-parallel biases)");
-  if (embedding_)
-    compare(*embedding_, held_sum([](const model::Tensor& t) { return t.name == "wte"; }),
-            "the tied embedding's copies on the first and last pipeline stage");
+std::optional<uint64_t> DataParallel::replica_checksum() const {
+  if (policy_->params_sharded()) return std::nullopt;
+  return checksum64(params_.data(), params_.size() * sizeof(float));
+}
+
+uint64_t DataParallel::held_checksum(const std::function<bool(const model::Tensor&)>& keep) {
+  Checksum64 sum;
+  const bool sharded = policy_->params_sharded();
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    const Unit& x = units_[u];
+    for_each_slice(u, sharded ? x.own_begin : x.begin, sharded ? x.own_end : x.end,
+                   [&](const model::Tensor& t, int64_t, int64_t n, size_t a) {
+                     if (!keep(t)) return;
+                     const float* p =
+                         sharded ? own_param(u) + (a - x.own_begin) : full_param(u) + (a - x.begin);
+                     sum.update(p, static_cast<size_t>(n) * sizeof(float));
+                   });
+  }
+  return sum.value();
 }
 
 // A tensor's slice [b, b + n) in this rank's part of it, as a checkpoint region.

@@ -37,8 +37,10 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "loom/ckpt/checkpoint.h"
@@ -54,7 +56,8 @@
 namespace loom::parallel {
 
 struct DpOptions {
-  int zero = 0;            // train.zero: the sharding policy's stage (parallel/sharding.h)
+  // train.zero as a policy (make_sharding_policy, parallel/sharding.h); null: replicated.
+  std::shared_ptr<const ShardingPolicy> sharding;
   bool comm_bf16 = false;  // gradient reductions in bf16 (sums stay fp32 locally)
   // zero.shared_buffers: parameters, gradients and gathered units in memory the other ranks
   // of the machine map (Communicator::alloc_shared), so reduce-scatters and allgathers
@@ -82,8 +85,7 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
  public:
   // The model must be built without its own storage. Of the mesh's groups (null where one
   // would be this rank alone) it uses dp (same part of the model, other data), shard and
-  // replica (zero.shard_group = node), tp (replicated tensors) and embedding (the check
-  // that the tied embedding's copies on the first and last stage agree).
+  // replica (zero.shard_group = node) and tp (replicated tensors count once in the norm).
   DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOptions o);
   ~DataParallel() override;
 
@@ -93,14 +95,13 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   const ShardingPolicy& sharding() const { return *policy_; }
 
   // Every rank generates the weights it holds (the model's initialisation is a pure
-  // function of the element), then checks by checksum that data-parallel replicas (zero
-  // 0-2) and the tensor-parallel copies of replicated tensors are identical.
+  // function of the element; StepComposer::check_replicas then proves the copies agree).
   void init_weights(uint64_t seed);
-  // Error naming the rank when a replicated tensor differs across the tensor-parallel group
-  // or the tied embedding between the first and last pipeline stage (and, with
-  // `across_dp`, when the data-parallel replicas' parameters differ). `when` names the
-  // moment in the message.
-  void check_replicas(const std::string& when, bool across_dp);
+  // Checksums of what this rank holds, for the replica checks across the mesh's groups
+  // (StepComposer::check_replicas): all of its parameters, where every data-parallel rank
+  // holds them all (null where the policy shards them); the tensors for which keep(t) holds.
+  std::optional<uint64_t> replica_checksum() const;
+  uint64_t held_checksum(const std::function<bool(const model::Tensor&)>& keep);
   // Reads this rank's part of a checkpoint of any layout: the weights and Adam's moments,
   // or (weights_only: train.init_from) the weights alone, the moments left at zero.
   void load(const ckpt::TensorSource& r, bool weights_only = false);
@@ -188,9 +189,9 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   bool counted_here(const model::Tensor& t) const;  // in this rank's share of norms and files
 
   model::Gpt& model_;
-  std::shared_ptr<comm::Communicator> dp_, tp_, embedding_, shard_group_, replica_group_;
+  std::shared_ptr<comm::Communicator> dp_, tp_, shard_group_, replica_group_;
   DpOptions opt_;
-  std::unique_ptr<const ShardingPolicy> policy_;
+  std::shared_ptr<const ShardingPolicy> policy_;
   int S_ = 1, r_ = 0;  // shard group size and this rank's index in it
   std::vector<Unit> units_;
   // The units' parameters and gradients, full (padded) or this rank's shards as the policy

@@ -1,12 +1,36 @@
 #include "loom/parallel/step_composer.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
+
+#include "loom/core/error.h"
 
 namespace loom::parallel {
 using comm::ReduceOp;
 
 StepComposer::StepComposer(DataParallel& dp, const ProcessGroups& groups)
-    : dp_(dp), tp_(groups.tp), pp_(groups.pp), embedding_(groups.embedding) {}
+    : dp_(dp), dp_group_(groups.dp), tp_(groups.tp), pp_(groups.pp), embedding_(groups.embedding) {}
+
+void StepComposer::check_replicas(const std::string& when, bool across_dp) {
+  auto compare = [&](comm::Communicator& group, uint64_t mine, const std::string& what) {
+    int64_t sum = static_cast<int64_t>(mine);
+    std::vector<int64_t> all(group.size());
+    dp_.timed([&] { group.allgather(&sum, all.data(), 1, DType::kI64); });
+    for (int q = 0; q < group.size(); ++q)
+      if (all[q] != all[0])
+        throw Error(what + " of " + when + " differ between ranks 0 and " + std::to_string(q) +
+                    " of the " + group.config().name + " group (checksum mismatch)");
+  };
+  if (const auto replica = dp_.replica_checksum(); across_dp && dp_group_ && replica)
+    compare(*dp_group_, *replica, "the data-parallel replicas");
+  if (tp_)
+    compare(*tp_, dp_.held_checksum([](const model::Tensor& t) { return t.replicated; }),
+            "replicated tensors (LayerNorms, wpe, row-parallel biases)");
+  if (embedding_)
+    compare(*embedding_, dp_.held_checksum([](const model::Tensor& t) { return t.name == "wte"; }),
+            "the tied embedding's copies on the first and last pipeline stage");
+}
 
 double StepComposer::finish_gradients() {
   dp_.finish_reductions();

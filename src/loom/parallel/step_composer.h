@@ -2,8 +2,12 @@
 // that each own one dimension: data parallelism has reduced every gradient over its own
 // group (and the replicas across machines); the step composer then sums the tied
 // embedding's two copies (first and last pipeline stage) and completes the global
-// gradient norm over the tensor- and pipeline-parallel groups.
+// gradient norm over the tensor- and pipeline-parallel groups. It also checks that the
+// copies the mesh keeps of one tensor (data-parallel replicas, tensor-parallel replicated
+// tensors, the tied embedding on two stages) agree.
 #pragma once
+
+#include <string>
 
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/process_groups.h"
@@ -12,7 +16,8 @@ namespace loom::parallel {
 
 class StepComposer {
  public:
-  // Of the groups it uses tp, pp and embedding (null where one would be this rank alone).
+  // Of the groups it uses dp, tp, pp and embedding (null where one would be this rank
+  // alone).
   StepComposer(DataParallel& dp, const ProcessGroups& groups);
 
   // After the last backward: waits for the data-parallel reductions, sums the tied
@@ -21,9 +26,15 @@ class StepComposer {
   // dp's comm_wait_s().
   double finish_gradients();
 
+  // Error naming the ranks when a replicated tensor differs across the tensor-parallel
+  // group, or the tied embedding between the first and last pipeline stage, or (with
+  // `across_dp`) the data-parallel replicas' parameters (ZeRO 0-2; checksums, one allgather
+  // of 8 bytes per group). `when` names the moment in the message.
+  void check_replicas(const std::string& when, bool across_dp);
+
  private:
   DataParallel& dp_;
-  std::shared_ptr<comm::Communicator> tp_, pp_, embedding_;
+  std::shared_ptr<comm::Communicator> dp_group_, tp_, pp_, embedding_;
 };
 
 }  // namespace loom::parallel

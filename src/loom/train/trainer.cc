@@ -128,13 +128,14 @@ int64_t Trainer::restore() {
                   cfg_.run_dir.c_str());
     if (init_) {
       dp_->load(*init_->weights, /*weights_only=*/true);
-      dp_->check_replicas("the weights of train.init_from", true);
+      step_->check_replicas("the weights of train.init_from", true);
       if (chatty())
         std::printf("loom: starting from %s %s (step 0, a fresh optimizer)\n", init_->kind.c_str(),
                     init_->path.c_str());
       return 0;
     }
     dp_->init_weights(static_cast<uint64_t>(cfg_.seed));
+    step_->check_replicas("the initial weights", true);
     return 0;
   }
   dp_->load(*checkpoint_);
@@ -146,7 +147,7 @@ int64_t Trainer::restore() {
 }
 
 void Trainer::save(int64_t next_step) {
-  dp_->check_replicas("the weights at step " + std::to_string(next_step), false);
+  step_->check_replicas("the weights at step " + std::to_string(next_step), false);
   const std::vector<ckpt::Piece> pieces = dp_->checkpoint_pieces();
   const nlohmann::json layout = {{"ranks", world_},
                                  {"dp", mesh_->dp()},
@@ -667,16 +668,17 @@ void Trainer::open_offload() {
 // (the model's TpComm), the pipeline stage, and data parallelism / ZeRO over the units
 // this rank holds, which owns the model's parameter, gradient and optimizer memory.
 void Trainer::build_parallel_state() {
+  std::shared_ptr<const parallel::ShardingPolicy> sharding =
+      parallel::make_sharding_policy(static_cast<int>(cfg_.zero));
   parallel::GroupOptions go;
-  go.shard_within_node = cfg_.shard_group == "node" &&
-                         parallel::make_sharding_policy(static_cast<int>(cfg_.zero))->shards();
+  go.shard_within_node = cfg_.shard_group == "node" && sharding->shards();
   groups_ = parallel::make_process_groups(world_ > 1 ? comm::init_from_env() : nullptr, *mesh_, go);
   if (groups_.tp) {
     tp_ = std::make_unique<parallel::TensorParallel>(groups_.tp);
     model_->set_tp_comm(tp_.get());
   }
   parallel::DpOptions dpo;
-  dpo.zero = static_cast<int>(cfg_.zero);
+  dpo.sharding = std::move(sharding);
   dpo.comm_bf16 = cfg_.comm_dtype == "bf16";
   dpo.shared_buffers = cfg_.shared_buffers == "auto";
   dpo.shared_gather = cfg_.shared_gather == "auto";
