@@ -7,6 +7,7 @@
 
 #include "bench.h"
 #include "loom/core/error.h"
+#include "loom/core/float_env.h"
 #include "model_io.h"
 #include "plan.h"
 #include "prep.h"
@@ -44,6 +45,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
+    // Before any thread starts, so that every thread inherits it (core/float_env.h).
+    loom::flush_denormals_from_env();
     if (app.got_subcommand("bench")) return bench();
     if (app.got_subcommand("tokenize")) return tokenize();
     if (app.got_subcommand("prep")) return prep();

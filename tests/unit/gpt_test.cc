@@ -11,10 +11,18 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
+#include "loom/core/float_env.h"
 #include "loom/kernels/cpu/kernels.h"
 
 namespace loom::model {
 namespace {
+
+// Subnormals flushed as `loom` flushes them (LOOM_FLUSH_DENORMALS, default on), set before
+// the first OpenMP region so that every worker inherits it: the fixtures hold with it.
+class FlushDenormals : public ::testing::Environment {
+  void SetUp() override { flush_denormals_from_env(); }
+};
+[[maybe_unused]] const auto* const kFlush = ::testing::AddGlobalTestEnvironment(new FlushDenormals);
 
 nlohmann::json fixture() {
   const char* path = std::getenv("LOOM_GPT_FIXTURE");

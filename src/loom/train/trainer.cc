@@ -750,6 +750,14 @@ void Trainer::print_banner() const {
   if (!chatty()) return;
   double params = 0;  // the whole model's, whatever this rank holds of it
   for (const model::Tensor& t : model_->tensors()) params += static_cast<double>(numel(t.shape));
+  // Read back on every thread of the team (core/float_env.h: set in main, inherited).
+  int team = 0;
+  const int flushing = kernels::cpu::threads_flushing_denormals(&team);
+  const std::string denormals =
+      flushing == team ? "denormals flushed to zero on all " + std::to_string(team) + " threads"
+      : flushing == 0  ? "denormals kept (LOOM_FLUSH_DENORMALS=0)"
+                       : "denormals flushed on " + std::to_string(flushing) + " of " +
+                            std::to_string(team) + " threads";
   const std::string peaks = peaks_[0] > 0
                                 ? " (GEMM peaks per rank: fp32 " +
                                       std::to_string(std::lround(peaks_[0] / world_)) + ", bf16 " +
@@ -758,13 +766,13 @@ void Trainer::print_banner() const {
   std::printf(
       "loom: training %s (%.1fM parameters) on %s: %lld steps of %lld sequences x %lld "
       "tokens (micro-batch %lld x %lld accumulation x %d data-parallel, ZeRO %lld), %s%s, "
-      "threads per rank: %d%s, MFU peak %.0f GFLOP/s%s\n",
+      "threads per rank: %d%s, %s, MFU peak %.0f GFLOP/s%s\n",
       model_cfg_.name.c_str(), params / 1e6, cfg_.data_path.c_str(),
       static_cast<long long>(cfg_.steps), static_cast<long long>(cfg_.global_batch),
       static_cast<long long>(cfg_.seq_len), static_cast<long long>(cfg_.micro_batch),
       static_cast<long long>(cfg_.grad_accum), mesh_->dp(), static_cast<long long>(cfg_.zero),
       cfg_.dtype.c_str(), requested_dtype_ == "auto" ? " (auto)" : "", threads_,
-      threads_why_.c_str(), peak_gflops_, peaks.c_str());
+      threads_why_.c_str(), denormals.c_str(), peak_gflops_, peaks.c_str());
   std::printf("loom: layout %s%s%s\n", mesh_->describe().c_str(),
               cfg_.sequence_parallel && mesh_->tp() > 1 ? ", sequence parallel" : "",
               cfg_.backend != "cpu" ? (", kernels: " + cfg_.backend).c_str() : "");

@@ -1,5 +1,7 @@
 #include "loom/kernels/cpu/gemm.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -13,6 +15,7 @@
 
 #include "loom/core/check.h"
 #include "loom/core/dtype.h"
+#include "loom/core/float_env.h"
 #include "loom/core/tunable.h"
 #include "loom/kernels/cpu/chunks.h"
 #include "loom/kernels/cpu/vecmath.h"
@@ -181,6 +184,17 @@ void Gemm::run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, flo
   if (bias) args.emplace(DNNL_ARG_BIAS, memory(biasd, impl_->engine, const_cast<float*>(bias)));
   it->second.execute(impl_->stream, args);
   impl_->stream.wait();
+}
+
+int threads_flushing_denormals(int* team) {
+  int n = 0, flushing = 0;
+#pragma omp parallel reduction(+ : n, flushing)
+  {
+    n += 1;
+    flushing += flushing_denormals() ? 1 : 0;
+  }
+  if (team) *team = n;
+  return flushing;
 }
 
 double measure_peak_gflops(Precision p) {

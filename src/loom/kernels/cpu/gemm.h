@@ -85,6 +85,10 @@ void round_to_bf16(uint16_t* out, const float* x, int64_t n);
 // AVX2 or the baseline, chosen at run time.
 void round_to_bf16_serial(uint16_t* out, const float* x, int64_t n);
 
+// How many threads of the OpenMP team (of `team` in all) flush subnormal floats to zero
+// (core/float_env.h), each read inside one parallel region.
+int threads_flushing_denormals(int* team);
+
 // The MFU denominator: the best of 10 square 1024^3 products in `p` on the calling thread
 // team (the library's best case at this machine's clocks and this process's threads).
 double measure_peak_gflops(Precision p);
