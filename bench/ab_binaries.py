@@ -23,6 +23,8 @@ p.add_argument("new")
 p.add_argument("data")
 p.add_argument("--rounds", type=int, default=3)
 p.add_argument("--steps", type=int, default=6)
+p.add_argument("--rows", default="", help="only the training rows whose name holds one of "
+               "these comma-separated words, and no allreduce rows (a follow-up on a few rows)")
 a = p.parse_args()
 
 SIZES = [8, 64 << 10, 16 << 20]
@@ -31,6 +33,9 @@ LAYOUTS = [("1 process x 2 threads", 1, []),
            ("ZeRO-3, 2 ranks", 2, ["--set", "train.zero=3"]),
            ("tp 2", 2, ["--set", "train.tp=2"]),
            ("pp 2 (1F1B)", 2, ["--set", "train.pp=2"])]
+if a.rows:
+    SIZES = []
+    LAYOUTS = [l for l in LAYOUTS if any(w in l[0] for w in a.rows.split(","))]
 
 
 def bench(loom):

@@ -23,10 +23,13 @@ step "tests under ASan/UBSan"
 # between hosts and the hierarchical algorithms, run here in the multi-process tests with
 # LOOM_HOST_ID), and the model-file export check (its C++ paths run here in interop_test;
 # the rest is llama.cpp and PyTorch reading the files).
-# (The soak's short form runs in the release pass only: GTEST_FILTER.)
+# (The soak's short form runs in the release pass only, and so do the reference backend's
+# whole-model cases on `small` and its end-to-end training run: the tiny cases of
+# backend_test run every reference kernel here. GTEST_FILTER, -E.)
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  GTEST_FILTER='-Soak.*' LOOM_E2E_SANITIZED=1 ctest --test-dir build-asan --output-on-failure -j 1 \
-  -E 'bench_|train_e2e_bf16|dp_e2e_resume|dp_e2e_launchers|tp_e2e_resume|pp_e2e_resume|observe_e2e_plan|chaos_quick|cluster_e2e|interop_e2e_export'
+  GTEST_FILTER='-Soak.*:Backends.WholeModelSmall*' LOOM_E2E_SANITIZED=1 \
+  ctest --test-dir build-asan --output-on-failure -j 1 \
+  -E 'bench_|train_e2e_bf16|train_e2e_backend|dp_e2e_resume|dp_e2e_launchers|tp_e2e_resume|pp_e2e_resume|observe_e2e_plan|chaos_quick|cluster_e2e|interop_e2e_export'
 
 step "thread sanitizer build"  # only what the TSan pass runs
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=thread \

@@ -22,15 +22,8 @@ namespace loom::kernels {
 namespace {
 namespace ref = reference;
 
+using test::randint;
 using test::randn;
-
-std::vector<int> tokens(size_t n, int V, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::uniform_int_distribution<int> d(0, V - 1);
-  std::vector<int> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
 
 double rel_error(const std::vector<float>& fast, const std::vector<float>& want) {
   double err = 0, scale = 0;
@@ -62,7 +55,7 @@ TEST(ReferenceKernels, RoundBf16IsRoundToNearestEven) {
 }
 
 TEST(ReferenceKernels, EncoderAndLayerNorm) {
-  const auto tok = tokens(N, V, 2);
+  const auto tok = randint(N, V, 2);
   const auto wte = randn(static_cast<size_t>(V) * C, 3), wpe = randn(static_cast<size_t>(T) * C, 4);
   std::vector<float> out(N * C), want(N * C);
   cpu::encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
@@ -158,7 +151,7 @@ TEST(ReferenceKernels, GeluResidualAndCrossEntropy) {
   auto logits = randn(static_cast<size_t>(N) * Vp, 17, 3.0f);
   for (int r = 0; r < N; ++r)  // padding the loss must ignore, however large
     for (int i = V; i < Vp; ++i) logits[static_cast<size_t>(r) * Vp + i] = 1e4f;
-  const auto tgt = tokens(N, V, 18);
+  const auto tgt = randint(N, V, 18);
   std::vector<float> loss(N), rloss(N), mx(N), sum(N);
   cpu::crossentropy_forward(loss.data(), mx.data(), sum.data(), logits.data(), tgt.data(), N, V,
                             Vp);
