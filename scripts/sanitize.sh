@@ -24,10 +24,12 @@ step "tests under ASan/UBSan"
 # LOOM_HOST_ID), and the model-file export check (its C++ paths run here in interop_test;
 # the rest is llama.cpp and PyTorch reading the files).
 # (The soak's short form runs in the release pass only, and so do the reference backend's
-# whole-model cases on `small` and its end-to-end training run: the tiny cases of
-# backend_test run every reference kernel here. GTEST_FILTER, -E.)
+# whole-model cases on `small`, its bf16 whole-model cases (their yardstick is the Release
+# build's numerics, backend_test.cc says why) and its end-to-end training run: the tiny
+# fp32 case and the kernel cases of backend_test run every reference kernel here.
+# GTEST_FILTER, -E.)
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  GTEST_FILTER='-Soak.*:Backends.WholeModelSmall*' LOOM_E2E_SANITIZED=1 \
+  GTEST_FILTER='-Soak.*:Backends.WholeModelSmall*:Backends.WholeModel*Bf16*' LOOM_E2E_SANITIZED=1 \
   ctest --test-dir build-asan --output-on-failure -j 1 \
   -E 'bench_|train_e2e_bf16|train_e2e_backend|dp_e2e_resume|dp_e2e_launchers|tp_e2e_resume|pp_e2e_resume|observe_e2e_plan|chaos_quick|cluster_e2e|interop_e2e_export'
 

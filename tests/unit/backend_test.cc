@@ -296,7 +296,10 @@ double l2_error(const std::vector<float>& got, const std::vector<float>& want, s
 // than twice what the nudge changed (L2-relative, logits and the gradients; the loss by no
 // more than twice the nudge's change or 1e-5). A genuinely different computation (a rounding
 // missing or added, a wrong kernel) lands far outside: tiny's nudge moves the logits by
-// ~2e-4, one product without its bf16 rounding by ~1e-3.
+// ~2e-4, one product without its bf16 rounding by ~1e-3. The yardstick assumes the fast
+// kernels as shipped (the Release build: 0.67-0.99x of it measured); the ASan build's
+// code generation puts its fp32 results further from the reference (2.1x there), so the
+// sanitizer pass runs the fp32 whole-model cases and the bf16 kernels, not these.
 void compare_whole_model(const char* name, Precision p, int b, int t, int recompute) {
   const auto cfg = model::GptConfig::named(name);
   const Pass fast = whole_model(cfg, kUnderTest, p, b, t, recompute);
