@@ -12,10 +12,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <random>
 #include <vector>
 
+#include "loom/core/dtype.h"
 #include "loom/core/error.h"
 #include "loom/kernels/reference/reference.h"
 #include "loom/model/gpt.h"
@@ -42,10 +42,7 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& want) 
 
 std::vector<float> widen(const std::vector<uint16_t>& b) {
   std::vector<float> x(b.size());
-  for (size_t i = 0; i < b.size(); ++i) {
-    const uint32_t u = static_cast<uint32_t>(b[i]) << 16;
-    std::memcpy(&x[i], &u, sizeof u);
-  }
+  for (size_t i = 0; i < b.size(); ++i) x[i] = bf16_to_f32(b[i]);
   return x;
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "loom/core/dtype.h"
 #include "loom/kernels/reference/reference.h"
 
 namespace loom::kernels::reference {
@@ -20,13 +21,6 @@ uint16_t bf16_bits(float x) {
   uint32_t u;
   std::memcpy(&u, &r, sizeof u);
   return static_cast<uint16_t>(u >> 16);
-}
-
-float from_bf16_bits(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
 }
 
 void write_bf16(uint16_t* out16, const float* x, size_t n) {
@@ -154,7 +148,7 @@ class ReferenceBackend final : public Backend {
         double sum = bias ? bias[o] : 0.0;
         for (int i = 0; i < C; ++i)
           sum += static_cast<double>(inp[static_cast<size_t>(r) * C + i]) *
-                 from_bf16_bits(weight[static_cast<size_t>(o) * C + i]);
+                 bf16_to_f32(weight[static_cast<size_t>(o) * C + i]);
         out[static_cast<size_t>(r) * OC + o] = static_cast<float>(sum);
       }
   }
