@@ -182,6 +182,53 @@ TEST(Backends, AttentionAssignAndDecode) {
   expect_close(dfast, dref, "attention_decode");
 }
 
+// Decoding's bookkeeping: rows embedded at any positions, their keys and values placed in a
+// cache of 3 sequences (exact: copies and one sum each, no rounding to differ).
+TEST(Backends, DecodeEmbedRowsAndCacheAppend) {
+  const int R = 5, batch = 3, cap = 8;
+  const std::vector<int> tok = {3, 499, 0, 77, 3}, pos = {0, 7, 2, 2, 5}, seq = {0, 2, 1, 0, 2};
+  const size_t cache = size_t{batch} * NH * cap * (C / NH);
+  const auto [fast, ref] = both(
+      {randn(size_t{Vp} * C, 60), randn(size_t{T} * C, 61), randn(size_t{R} * 3 * C, 62),
+       std::vector<float>(size_t{R} * C), std::vector<float>(cache), std::vector<float>(cache)},
+      [&](Backend& k, auto& b) {
+        k.embed_rows(b[3].data(), tok.data(), pos.data(), b[0].data(), b[1].data(), R, C);
+        k.kv_append(b[4].data(), b[5].data(), b[2].data(), seq.data(), pos.data(), R, C, NH, cap);
+      });
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_EQ(fast[i], ref[i]) << "buffer " << i;
+  // Row 1 is token 499 at position 7; its head-2 key sits in sequence 2's cache at position 7.
+  const int hs = C / NH;
+  EXPECT_EQ(ref[3][1 * C + 5], ref[0][499 * C + 5] + ref[1][7 * C + 5]);
+  EXPECT_EQ(ref[4][((2 * NH + 2) * cap + 7) * hs + 1], ref[2][1 * 3 * C + C + 2 * hs + 1]);
+  EXPECT_EQ(ref[5][((2 * NH + 2) * cap + 7) * hs + 1], ref[2][1 * 3 * C + 2 * C + 2 * hs + 1]);
+}
+
+// The model's buffers (kernels/memory.h) in each backend's memory: zeroed when made, kept
+// across a growing resize, handed over by take() with the memory left for reuse.
+TEST(Backends, BuffersInTheBackendsMemory) {
+  for (const char* name : {"cpu", "reference"}) {
+    const std::shared_ptr<Memory> m = make_backend(name)->memory();
+    ASSERT_TRUE(m->host_visible()) << name;
+    Buffer<float> b(m, 5);
+    EXPECT_EQ(std::vector<float>(b.data(), b.data() + 5), std::vector<float>(5, 0.0f));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 64, 0u);
+    const std::vector<float> x = {1, 2, 3, 4, 5};
+    b.from_host(x.data(), 5);
+    b.resize(1000);  // grows: a new allocation, the first 5 kept, the rest zero
+    std::vector<float> back(1000);
+    b.to_host(back.data());
+    EXPECT_EQ(std::vector<float>(back.begin(), back.begin() + 5), x);
+    EXPECT_EQ(*std::max_element(back.begin() + 5, back.end()), 0.0f);
+    const float* at = b.data();
+    Buffer<float> taken = b.take();
+    EXPECT_EQ(taken.data(), at);
+    EXPECT_TRUE(b.empty());
+    b.copy_from(taken.data(), 3);  // the emptied buffer still allocates from its memory
+    b.to_host(back.data());
+    EXPECT_EQ(std::vector<float>(back.begin(), back.begin() + 3), std::vector<float>({1, 2, 3}));
+  }
+}
+
 TEST(Backends, GeluAndBf16Outputs) {
   const size_t n = size_t{N} * 4 * C;
   std::vector<uint16_t> fast16(n), ref16(n);

@@ -10,8 +10,9 @@
 //                kernel by kernel and whole model, and the first file to read when porting.
 //
 // Every kernel keeps kernels/cpu/kernels.h's contract (shapes, `=` forward, `+=` backward,
-// the named exceptions); that header documents each one. Buffers are host memory the
-// caller owns (docs/architecture.md: what a device with its own memory adds).
+// the named exceptions); that header documents each one. Their pointers are in the
+// backend's memory(): the model's buffers come from it (kernels/memory.h); the two backends
+// here both use host memory.
 //
 // bf16: in Precision::kBF16 a matrix product reads its operands rounded to bf16 and
 // accumulates in fp32. A backend that `reads_bf16()` accepts bf16 copies of operands made
@@ -25,6 +26,8 @@
 #include <memory>
 #include <string>
 
+#include "loom/kernels/memory.h"
+
 namespace loom::kernels {
 
 enum class Precision { kF32, kBF16 };
@@ -33,6 +36,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // Where this backend's kernels read and write: the model allocates its buffers there.
+  virtual std::shared_ptr<Memory> memory() const = 0;
 
   virtual Precision precision() const = 0;
   virtual void set_precision(Precision p) = 0;
@@ -106,6 +111,13 @@ class Backend {
   virtual void attention_backward(float* dinp, float* scratch, const float* dout, const float* inp,
                                   const float* att, int B, int T, int C, int NH,
                                   bool assign = false) = 0;
+  // Decoding's bookkeeping: out (R,C) = wte[tokens[r]] + wpe[positions[r]]; and row r's
+  // key and value (qkv (R,3C): q | k | v) into the caches k, v (batch, NH, cap, hs) at
+  // sequence seq[r], position pos[r].
+  virtual void embed_rows(float* out, const int* tokens, const int* positions, const float* wte,
+                          const float* wpe, int R, int C) = 0;
+  virtual void kv_append(float* k, float* v, const float* qkv, const int* seq, const int* pos,
+                         int R, int C, int NH, int cap) = 0;
   virtual void attention_decode(float* out, float* scratch, const float* qkv, const float* const* k,
                                 const float* const* v, const int* len, int R, int C, int NH,
                                 int cap) = 0;

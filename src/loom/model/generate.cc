@@ -55,28 +55,31 @@ int draw_token(const float* logits, int V, const SampleOptions& o, std::mt19937_
 KvDecoder::KvDecoder(const Gpt& model, int batch, bool bf16_weights)
     : cfg_(model.config()),
       model_(model),
-      backend_(kernels::make_backend(model.backend().name(), kernels::Precision::kF32)) {
+      backend_(kernels::make_backend(model.backend().name(), kernels::Precision::kF32)),
+      mem_(backend_->memory()) {
   LOOM_CHECK(model.split().size == 1);
   LOOM_CHECK(batch >= 1);
   len_.assign(batch, 0);
   const size_t per_layer = static_cast<size_t>(batch) * cfg_.block_size * cfg_.n_embd;
-  k_.assign(cfg_.n_layer, std::vector<float>(per_layer));
-  v_.assign(cfg_.n_layer, std::vector<float>(per_layer));
+  for (int l = 0; l < cfg_.n_layer; ++l)
+    k_.emplace_back(mem_, per_layer), v_.emplace_back(mem_, per_layer);
   const size_t rows = std::max(cfg_.block_size, batch), C = cfg_.n_embd;
-  for (auto* v : {&x_, &ln_, &atty_, &proj_}) v->resize(rows * C);
-  qkv_.resize(rows * 3 * C);
-  fch_.resize(rows * 4 * C);
-  gelu_.resize(rows * 4 * C);
-  mean_.resize(rows);
-  rstd_.resize(rows);
+  for (auto* v : {&x_, &ln_, &atty_, &proj_}) *v = Floats(mem_, rows * C);
+  qkv_ = Floats(mem_, rows * 3 * C);
+  fch_ = Floats(mem_, rows * 4 * C);
+  gelu_ = Floats(mem_, rows * 4 * C);
+  mean_ = Floats(mem_, rows);
+  rstd_ = Floats(mem_, rows);
+  for (auto& b : rows_) b = kernels::Buffer<int>(mem_);
+  for (auto& b : kv_) b = kernels::Buffer<const float*>(mem_);
+  for (auto* b : {&att_, &logits_}) *b = Floats(mem_);
   wte_ = model.param("wte"), wpe_ = model.param("wpe");
   lnfw_ = model.param("lnfw"), lnfb_ = model.param("lnfb");
   if (!bf16_weights) return;
   auto copy = [&](const float* w, size_t n) {
-    auto& h = bf16_[w];
-    h.reset(new uint16_t[n]);  // uninitialised: first touched by the threads that fill it
-#pragma omp parallel for
-    for (size_t i = 0; i < n; ++i) h[i] = f32_to_bf16(w[i]);
+    kernels::Buffer<uint16_t>& h = bf16_[w] = kernels::Buffer<uint16_t>(mem_);
+    h.resize_discard(n);
+    backend_->round_to_bf16(h.data(), w, static_cast<int64_t>(n));
   };
   copy(wte_, static_cast<size_t>(cfg_.padded_vocab_size) * C);
   for (int l = 0; l < cfg_.n_layer; ++l) {
@@ -117,7 +120,7 @@ void KvDecoder::linear(float* out, const float* inp, const float* w, const float
                        int OC) {
   const auto h = R <= kFewRows ? bf16_.find(w) : bf16_.end();
   if (h != bf16_.end())
-    backend_->matmul_forward_rows_bf16(out, inp, h->second.get(), b, R, C, OC);
+    backend_->matmul_forward_rows_bf16(out, inp, h->second.data(), b, R, C, OC);
   else
     backend_->matmul_forward(out, inp, w, b, R, C, OC);
 }
@@ -131,13 +134,9 @@ const float* KvDecoder::forward(int R, const int* seq, const int* pos, const int
   bool from_start = pos[0] == 0;
   for (int r = 0; r < R && from_start; ++r) from_start = seq[r] == seq[0] && pos[r] == r;
 
-  const float *wte = wte_, *wpe = wpe_;
-  for (int r = 0; r < R; ++r) {  // x (R,C) = wte[token] + wpe[position]
-    float* x = x_.data() + static_cast<size_t>(r) * C;
-    const float* te = wte + static_cast<size_t>(tok[r]) * C;
-    const float* pe = wpe + static_cast<size_t>(pos[r]) * C;
-    for (int c = 0; c < C; ++c) x[c] = te[c] + pe[c];
-  }
+  kernels::Buffer<int>&seq_d = rows_[0], &pos_d = rows_[1], &tok_d = rows_[2], &len_d = rows_[3];
+  seq_d.from_host(seq, R), pos_d.from_host(pos, R), tok_d.from_host(tok, R);
+  backend_->embed_rows(x_.data(), tok_d.data(), pos_d.data(), wte_, wpe_, R, C);
   for (int l = 0; l < cfg_.n_layer; ++l) {
     auto w = [&](Gpt::BlockTensor t) { return model_.block_param(l, t); };
     backend_->layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w(Gpt::kLn1w),
@@ -145,25 +144,21 @@ const float* KvDecoder::forward(int R, const int* seq, const int* pos, const int
     linear(qkv_.data(), ln_.data(), w(Gpt::kQkvw), w(Gpt::kQkvb), R, C, 3 * C);
     // The rows' keys and values join the cache: (R,3C) -> (batch, NH, ctx, hs).
     float *kc = k_[l].data(), *vc = v_[l].data();
-    for (int r = 0; r < R; ++r)
-      for (int h = 0; h < NH; ++h) {
-        const size_t at = ((static_cast<size_t>(seq[r]) * NH + h) * ctx + pos[r]) * hs;
-        const float* row = qkv_.data() + static_cast<size_t>(r) * 3 * C + h * hs;
-        std::copy(row + C, row + C + hs, kc + at);
-        std::copy(row + 2 * C, row + 2 * C + hs, vc + at);
-      }
+    backend_->kv_append(kc, vc, qkv_.data(), seq_d.data(), pos_d.data(), R, C, NH, ctx);
     if (from_start) {
       att_.resize(static_cast<size_t>(NH) * R * R);
       backend_->attention_forward(atty_.data(), att_.data(), qkv_.data(), 1, R, C, NH);
     } else {  // row r (position p) attends to positions 0..p of its sequence in the cache
       att_.resize(static_cast<size_t>(R) * NH * ctx);
-      kr_.resize(R), vr_.resize(R), n_.resize(R);
+      std::vector<const float*> kr(R), vr(R);
+      std::vector<int> n(R);
       for (int r = 0; r < R; ++r) {
         const size_t seq_at = static_cast<size_t>(seq[r]) * NH * ctx * hs;
-        kr_[r] = kc + seq_at, vr_[r] = vc + seq_at, n_[r] = pos[r] + 1;
+        kr[r] = kc + seq_at, vr[r] = vc + seq_at, n[r] = pos[r] + 1;
       }
-      backend_->attention_decode(atty_.data(), att_.data(), qkv_.data(), kr_.data(), vr_.data(),
-                                 n_.data(), R, C, NH, ctx);
+      kv_[0].from_host(kr.data(), R), kv_[1].from_host(vr.data(), R), len_d.from_host(n.data(), R);
+      backend_->attention_decode(atty_.data(), att_.data(), qkv_.data(), kv_[0].data(),
+                                 kv_[1].data(), len_d.data(), R, C, NH, ctx);
     }
     linear(proj_.data(), atty_.data(), w(Gpt::kProjw), w(Gpt::kProjb), R, C, C);
     backend_->residual_forward(x_.data(), x_.data(), proj_.data(), rc);
@@ -177,12 +172,12 @@ const float* KvDecoder::forward(int R, const int* seq, const int* pos, const int
   // The final norm and the tied head on the rows whose logits are wanted.
   const int M = static_cast<int>(out_rows.size());
   for (int i = 0; i < M; ++i)
-    std::copy_n(x_.data() + static_cast<size_t>(out_rows[i]) * C, C,
-                proj_.data() + static_cast<size_t>(i) * C);
+    mem_->copy(proj_.data() + static_cast<size_t>(i) * C,
+               x_.data() + static_cast<size_t>(out_rows[i]) * C, C * sizeof(float));
   backend_->layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), proj_.data(), lnfw_, lnfb_, M,
                               C);
   logits_.resize(static_cast<size_t>(M) * Vp);
-  linear(logits_.data(), ln_.data(), wte, nullptr, M, C, Vp);
+  linear(logits_.data(), ln_.data(), wte_, nullptr, M, C, Vp);
   return logits_.data();
 }
 
@@ -204,12 +199,15 @@ std::vector<std::vector<int>> generate(Gpt& model, const std::vector<std::vector
     LOOM_CHECK(!ids[b].empty());
     rng.emplace_back(o.seed ^ (static_cast<uint64_t>(b) * 0x9E3779B97F4A7C15ULL));
   }
-  if (!cache) {  // the reference: the whole window again for every token
+  if (!cache) {                   // the reference: the whole window again for every token
+    std::vector<float> last(Vp);  // the logits of the window's last position
     for (int b = 0; b < n; ++b)
       for (int i = 0; i < max_new; ++i) {
         const int T = static_cast<int>(std::min<size_t>(ids[b].size(), ctx));
         model.forward(ids[b].data() + ids[b].size() - T, nullptr, 1, T);
-        const int next = draw_token(model.logits() + (T - 1) * Vp, V, o, rng[b]);
+        model.backend().memory()->to_host(last.data(), model.logits() + (T - 1) * Vp,
+                                          Vp * sizeof(float));
+        const int next = draw_token(last.data(), V, o, rng[b]);
         if (i == 0 && b == n - 1) st.first_token_s = seconds();
         if (next == eot) break;
         ids[b].push_back(next);
@@ -224,7 +222,8 @@ std::vector<std::vector<int>> generate(Gpt& model, const std::vector<std::vector
   auto refill = [&](int b, int keep) {
     dec.reset(b);
     const int T = static_cast<int>(std::min<size_t>(ids[b].size(), keep));
-    std::copy_n(dec.prefill(b, ids[b].data() + ids[b].size() - T, T), Vp, &logits[b * Vp]);
+    dec.memory()->to_host(&logits[b * Vp], dec.prefill(b, ids[b].data() + ids[b].size() - T, T),
+                          Vp * sizeof(float));
   };
   for (int b = 0; b < n; ++b) refill(b, ctx);
   st.first_token_s = seconds();
@@ -251,7 +250,8 @@ std::vector<std::vector<int>> generate(Gpt& model, const std::vector<std::vector
     }
     if (seqs.empty()) continue;
     const float* lg = dec.step(seqs, toks.data());
-    for (size_t i = 0; i < seqs.size(); ++i) std::copy_n(lg + i * Vp, Vp, &logits[seqs[i] * Vp]);
+    for (size_t i = 0; i < seqs.size(); ++i)
+      dec.memory()->to_host(&logits[seqs[i] * Vp], lg + i * Vp, Vp * sizeof(float));
   }
   st.total_s = seconds();
   return out;

@@ -48,11 +48,13 @@ class KvDecoder {
   int length(int b) const { return len_[b]; }  // positions of sequence b in the cache
   void reset(int b) { len_[b] = 0; }
   // Appends tokens[0..n) to sequence b (n <= capacity() - length(b)); returns the logits
-  // (Vp) after the last of them.
+  // (Vp) after the last of them, in memory() (host memory on the CPU backends).
   const float* prefill(int b, const int* tokens, int n);
   // Appends tokens[i] to sequence seqs[i] for each i (each with room); returns the logits
   // (seqs.size(), Vp) after each.
   const float* step(const std::vector<int>& seqs, const int* tokens);
+  // Where the cache, the scratch and the logits live (the backend's).
+  const std::shared_ptr<kernels::Memory>& memory() const { return mem_; }
 
  private:
   // The forward of R rows (row r: token tok[r] at position pos[r] of sequence seq[r]) whose
@@ -64,15 +66,17 @@ class KvDecoder {
 
   GptConfig cfg_;
   const Gpt& model_;
-  const float *wte_, *wpe_, *lnfw_, *lnfb_;  // (Vp,C), (block_size,C), the final norm's
-  std::unordered_map<const float*, std::unique_ptr<uint16_t[]>> bf16_;  // matrix -> bf16 copy
-  std::unique_ptr<kernels::Backend> backend_;                           // the model's kind, in fp32
+  const float *wte_, *wpe_, *lnfw_, *lnfb_;    // (Vp,C), (block_size,C), the final norm's
+  std::unique_ptr<kernels::Backend> backend_;  // the model's kind, in fp32
+  std::shared_ptr<kernels::Memory> mem_;       // backend_'s: everything below but len_, seq_, pos_
+  std::unordered_map<const float*, kernels::Buffer<uint16_t>> bf16_;  // matrix -> bf16 copy
   std::vector<int> len_;
-  std::vector<std::vector<float>> k_, v_;  // per layer (batch, NH, block_size, hs)
+  std::vector<Floats> k_, v_;  // per layer (batch, NH, block_size, hs)
   // Scratch for up to block_size rows.
-  std::vector<float> x_, ln_, mean_, rstd_, qkv_, atty_, proj_, fch_, gelu_, att_, logits_;
-  std::vector<int> seq_, pos_, n_;
-  std::vector<const float*> kr_, vr_;  // each row's sequence's keys and values
+  Floats x_, ln_, mean_, rstd_, qkv_, atty_, proj_, fch_, gelu_, att_, logits_;
+  std::vector<int> seq_, pos_;           // the host's
+  kernels::Buffer<int> rows_[4];         // the rows' sequences, positions, tokens, cached lengths
+  kernels::Buffer<const float*> kv_[2];  // each row's sequence's keys and values
 };
 
 struct GenerateStats {

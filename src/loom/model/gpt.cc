@@ -250,8 +250,8 @@ size_t Activations::bytes() const {
   return n * sizeof(float);
 }
 
-std::vector<std::vector<float>*> Activations::buffers() {
-  std::vector<std::vector<float>*> out;
+std::vector<Floats*> Activations::buffers() {
+  std::vector<Floats*> out;
   for (auto& r : resid) out.push_back(&r);
   for (Block& b : blocks)
     for (auto* v : {&b.ln1, &b.ln1_mean, &b.ln1_rstd, &b.qkv, &b.att, &b.atty, &b.res2, &b.ln2,
@@ -262,14 +262,15 @@ std::vector<std::vector<float>*> Activations::buffers() {
 }
 
 namespace {
-void size_block(Activations::Block& a, size_t N, size_t R, size_t C, size_t Cl, size_t att) {
-  for (auto* v : {&a.ln1, &a.res2, &a.ln2}) v->assign(R * C, 0);
-  for (auto* v : {&a.ln1_mean, &a.ln1_rstd, &a.ln2_mean, &a.ln2_rstd}) v->assign(R, 0);
-  a.qkv.assign(3 * N * Cl, 0);
-  a.att.assign(att, 0);
-  a.atty.assign(N * Cl, 0);
-  a.fch.assign(4 * N * Cl, 0);
-  a.fch_gelu.assign(4 * N * Cl, 0);
+void size_block(Activations::Block& a, const std::shared_ptr<kernels::Memory>& m, size_t N,
+                size_t R, size_t C, size_t Cl, size_t att) {
+  for (auto* v : {&a.ln1, &a.res2, &a.ln2}) *v = Floats(m, R * C);
+  for (auto* v : {&a.ln1_mean, &a.ln1_rstd, &a.ln2_mean, &a.ln2_rstd}) *v = Floats(m, R);
+  a.qkv = Floats(m, 3 * N * Cl);
+  a.att = Floats(m, att);
+  a.atty = Floats(m, N * Cl);
+  a.fch = Floats(m, 4 * N * Cl);
+  a.fch_gelu = Floats(m, 4 * N * Cl);
 }
 }  // namespace
 
@@ -287,21 +288,22 @@ void Gpt::allocate_scratch(int B, int T) {
   row_begin_ = sp_ ? split_.rank * R_ : 0;
   const size_t C = cfg_.n_embd, N = N_, R = R_, Cl = Cl_;
   const size_t att = static_cast<size_t>(B) * NHl_ * T * T;
+  const std::shared_ptr<kernels::Memory> m = backend_->memory();
   recompute_acts_ = BlockActs{};
-  if (recompute_every_ > 0) size_block(recompute_acts_, N, R, C, Cl, att);
-  for (auto* v : {&proj_, &d_ln1_, &d_ln2_, &d_lnf_}) v->assign(N * C, 0);
-  dx_.assign(R * C, 0);
-  d_qkv_.assign(3 * N * Cl, 0);
-  d_att_.assign(att, 0);
-  d_atty_.assign(N * Cl, 0);
-  d_fch_.assign(4 * N * Cl, 0);
-  d_fch_gelu_.assign(4 * N * Cl, 0);
+  if (recompute_every_ > 0) size_block(recompute_acts_, m, N, R, C, Cl, att);
+  for (auto* v : {&proj_, &d_ln1_, &d_ln2_, &d_lnf_}) *v = Floats(m, N * C);
+  dx_ = Floats(m, R * C);
+  d_qkv_ = Floats(m, 3 * N * Cl);
+  d_att_ = Floats(m, att);
+  d_atty_ = Floats(m, N * Cl);
+  d_fch_ = Floats(m, 4 * N * Cl);
+  d_fch_gelu_ = Floats(m, 4 * N * Cl);
   const size_t sp_rows = sp_ ? R * C : 0, sp_all = sp_ ? N * C : 0;
-  proj_rows_.assign(sp_rows, 0);
-  d_rows_.assign(sp_rows, 0);
-  gathered_.assign(sp_all, 0);
-  d_all_.assign(sp_all, 0);
-  d_lnparams_.assign(sp_ ? 2 * C : 0, 0);
+  proj_rows_ = Floats(m, sp_rows);
+  d_rows_ = Floats(m, sp_rows);
+  gathered_ = Floats(m, sp_all);
+  d_all_ = Floats(m, sp_all);
+  d_lnparams_ = Floats(m, sp_ ? 2 * C : 0);
 }
 
 // Sizes `a` for units [first, last] on (B,T) micro-batches (kept when the shape repeats).
@@ -314,22 +316,28 @@ void Gpt::prepare(Activations& a, int first, int last, int B, int T) const {
   const size_t C = cfg_.n_embd, N = static_cast<size_t>(B) * T, R = rows(B, T), Cl = Cl_;
   const size_t att = static_cast<size_t>(B) * NHl_ * T * T;
   const int fb = first_block(a), nb = std::max(0, last_block(a) - fb + 1);
-  a.resid.assign(nb + 1, std::vector<float>(R * C, 0));
-  a.blocks.assign(nb, BlockActs{});
+  const std::shared_ptr<kernels::Memory> m = backend_->memory();
+  for (int i = 0; i <= nb; ++i) a.resid.emplace_back(m, R * C);
+  a.blocks.resize(nb);
   for (int i = 0; i < nb; ++i)
-    if (!recomputed(fb + i)) size_block(a.blocks[i], N, R, C, Cl, att);
-  a.grads.assign(nb, BlockGrads{});
+    if (!recomputed(fb + i)) size_block(a.blocks[i], m, N, R, C, Cl, att);
+  a.grads.resize(nb);  // filled by a kInput backward
+  for (BlockGrads& g : a.grads)
+    for (auto* v : {&g.mlp_out, &g.fch, &g.ln2, &g.attn_out, &g.qkv, &g.ln1}) *v = Floats(m);
+  for (auto* v : {&a.d_lnf, &a.d_embed, &a.input_grad}) *v = Floats(m);
+  a.tokens = kernels::Buffer<int>(m);
+  a.targets = kernels::Buffer<int>(m);
   if (last == cfg_.n_layer + 1) {
-    a.lnf.assign(R * C, 0);
-    a.lnf_mean.assign(R, 0);
-    a.lnf_rstd.assign(R, 0);
-    a.lnf_all.assign(sp_ ? N * C : 0, 0);
-    a.logits.assign(N * Vl_, 0);
-    a.losses.assign(N, 0);
-    for (auto* v : {&a.loss_max, &a.loss_sum}) v->assign(N, 0);
-    a.loss_target.assign(tp_ > 1 ? N : 0, 0);
+    a.lnf = Floats(m, R * C);
+    a.lnf_mean = Floats(m, R);
+    a.lnf_rstd = Floats(m, R);
+    a.lnf_all = Floats(m, sp_ ? N * C : 0);
+    a.logits = Floats(m, N * Vl_);
+    a.losses = Floats(m, N);
+    for (auto* v : {&a.loss_max, &a.loss_sum}) *v = Floats(m, N);
+    a.loss_target = Floats(m, tp_ > 1 ? N : 0);
   }
-  if (first > 0) a.input_grad.assign(R * C, 0);
+  if (first > 0) a.input_grad.zeros(R * C);
 }
 
 size_t Gpt::activation_bytes() const {
@@ -402,7 +410,7 @@ void Gpt::layernorm_backward_rows(BackwardPart part, float* dx, float* dw, float
   float* pw = dw;
   float* pb = db;
   if (sp_) {
-    std::fill(d_lnparams_.begin(), d_lnparams_.end(), 0.0f);
+    d_lnparams_.zero();
     pw = d_lnparams_.data(), pb = pw + C;
   }
   if (part == BackwardPart::kWhole)
@@ -411,18 +419,19 @@ void Gpt::layernorm_backward_rows(BackwardPart part, float* dx, float* dw, float
     backend_->layernorm_backward_weight(pw, pb, dout, inp, mean, rstd, R_, C);
   if (!sp_) return;
   tp_comm_->allreduce_sum(pw, 2 * static_cast<size_t>(C));
-  for (int i = 0; i < C; ++i) dw[i] += pw[i], db[i] += pb[i];
+  backend_->residual_forward(dw, dw, pw, C);  // dw += pw, on the device
+  backend_->residual_forward(db, db, pb, C);
 }
 
 void Gpt::linear_backward(BackwardPart part, float* dinp, float* dw, float* db, const float* dout,
-                          const float* inp, Weight w, int N, int C, int OC,
-                          std::vector<float>* keep, const uint16_t* dout16, bool assign) {
+                          const float* inp, Weight w, int N, int C, int OC, Floats* keep,
+                          const uint16_t* dout16, bool assign) {
   if (part == BackwardPart::kWhole) {
     backend_->matmul_backward(dinp, dw, db, dout, inp, w.f32, N, C, OC, w.bf16, dout16, assign);
     return;
   }
   backend_->matmul_backward_input(dinp, dout, w.f32, N, C, OC, w.bf16, dout16, assign);
-  if (keep) keep->assign(dout, dout + static_cast<size_t>(N) * OC);  // else dout stays put
+  if (keep) keep->copy_from(dout, static_cast<size_t>(N) * OC);  // else dout stays put
 }
 
 // ---- blocks ----
@@ -477,7 +486,7 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
   const int B = B_, T = T_, C = cfg_.n_embd, N = N_, R = R_, Cl = Cl_, u = l + 1;
   const auto& o = block_offsets_;
   const bool whole = part == BackwardPart::kWhole;
-  auto kept = [&](std::vector<float> BlockGrads::*f) { return whole ? nullptr : &(keep->*f); };
+  auto kept = [&](Floats BlockGrads::*f) { return whole ? nullptr : &(keep->*f); };
   // The block's gradient scratch (d_fch_gelu_, d_fch_, d_ln2_, d_atty_, d_qkv_, d_ln1_) has
   // one contribution each: its kernel writes it (`assign`) rather than adding to zeros.
   constexpr bool kAssign = true;
@@ -494,7 +503,7 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
   const float* dln = reduce_input_grad(d_ln2_.data());
   layernorm_backward_rows(part, dx, g(u, o[kLn2w]), g(u, o[kLn2b]), dln, a.res2.data(),
                           p(u, o[kLn2w]), a.ln2_mean.data(), a.ln2_rstd.data());
-  if (!whole) keep->ln2.assign(dln, dln + static_cast<size_t>(R) * C);
+  if (!whole) keep->ln2.copy_from(dln, static_cast<size_t>(R) * C);
   // res2 = in + attproj(attention(qkv(ln1(in))))
   dout = gather_rows(dx, d_all_.data());
   linear_backward(part, d_atty_.data(), g(u, o[kProjw]), g(u, o[kProjb]), dout, a.atty.data(),
@@ -507,7 +516,7 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
   dln = reduce_input_grad(d_ln1_.data());
   layernorm_backward_rows(part, dx, g(u, o[kLn1w]), g(u, o[kLn1b]), dln, in, p(u, o[kLn1w]),
                           a.ln1_mean.data(), a.ln1_rstd.data());
-  if (!whole) keep->ln1.assign(dln, dln + static_cast<size_t>(R) * C);
+  if (!whole) keep->ln1.copy_from(dln, static_cast<size_t>(R) * C);
 }
 
 // The weight gradients block_backward(kInput) left, from the output gradients it kept.
@@ -579,8 +588,10 @@ float Gpt::loss_forward(Activations& a) {
                                  N_, shard,
                                  {a.loss_max.data(), a.loss_sum.data(), a.loss_target.data()});
   }
+  std::vector<float> losses(a.losses.size());  // the one read of the forward on the host
+  a.losses.to_host(losses.data());
   double sum = 0;
-  for (float x : a.losses) sum += x;
+  for (float x : losses) sum += x;
   return static_cast<float>(sum / N_);
 }
 
@@ -625,15 +636,15 @@ float Gpt::forward_units(Activations& a, int first, int last, const int* tokens,
   LOOM_CHECK_MSG(!a.weights_pending, "a forward over activations whose weight gradients are due");
   allocate_scratch(B, T);
   prepare(a, first, last, B, T);
-  if (first == 0) a.tokens.assign(tokens, tokens + B * T);
+  if (first == 0) a.tokens.from_host(tokens, static_cast<size_t>(B) * T);
   a.have_targets = with_loss;
-  if (with_loss) a.targets.assign(targets, targets + B * T);
+  if (with_loss) a.targets.from_host(targets, static_cast<size_t>(B) * T);
   if (first == 0) {
     use(0);
     embed_forward(a);
     done(0);
   } else {
-    std::copy(input, input + static_cast<size_t>(R_) * C, a.resid[0].begin());
+    a.resid[0].copy_from(input, static_cast<size_t>(R_) * C);
   }
   const int fb = first_block(a);
   for (int l = fb; l <= last_block(a); ++l) {
@@ -710,23 +721,23 @@ void Gpt::backward_units(Activations& a, float scale, const float* dout, Backwar
       vocab_parallel_cross_entropy_backward(*backend_, a.logits.data(), dloss, a.targets.data(), N_,
                                             {vocab_begin_, Vl_, vocab_valid_});
     }
-    std::fill(d_lnf_.begin(), d_lnf_.end(), 0.0f);
+    d_lnf_.zero();
     use(0, true);
     linear_backward(part, d_lnf_.data(), g(0, 0), nullptr, a.logits.data(),
                     sp_ ? a.lnf_all.data() : a.lnf.data(), weight(0, 0), N_, C, Vl_, nullptr,
                     dlogits16);
     done(0);
     if (whole && a.first > 0) ready(0);
-    std::fill(dx_.begin(), dx_.end(), 0.0f);
+    dx_.zero();
     use(head);
     const float* dln = reduce_input_grad(d_lnf_.data());
     layernorm_backward_rows(part, dx_.data(), g(head, 0), g(head, C), dln, a.resid.back().data(),
                             p(head, 0), a.lnf_mean.data(), a.lnf_rstd.data());
-    if (!whole) a.d_lnf.assign(dln, dln + rc);
+    if (!whole) a.d_lnf.copy_from(dln, rc);
     done(head);
     if (whole) ready(head);
   } else {
-    std::copy(dout, dout + rc, dx_.begin());
+    dx_.copy_from(dout, rc);
   }
   for (int l = last_block(a); l >= fb; --l) {
     use(l + 1);
@@ -738,14 +749,14 @@ void Gpt::backward_units(Activations& a, float scale, const float* dout, Backwar
     if (whole) ready(l + 1);
   }
   if (a.first > 0) {
-    std::copy(dx_.begin(), dx_.end(), a.input_grad.begin());
+    a.input_grad.copy_from(dx_.data(), dx_.size());
   } else if (whole) {
     use(0);
     embed_weight_grads(a.tokens.data(), dx_.data());
     done(0);
     ready(0);
   } else {
-    a.d_embed.assign(dx_.begin(), dx_.end());
+    a.d_embed.copy_from(dx_.data(), dx_.size());
   }
   a.weights_pending = !whole;
 }

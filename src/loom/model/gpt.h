@@ -66,6 +66,10 @@ struct GptConfig {
   static GptConfig from_json(const nlohmann::json& j);  // validated
 };
 
+// A buffer of floats in the backend's memory (kernels/memory.h): every activation and
+// scratch buffer of the model.
+using Floats = kernels::Buffer<float>;
+
 struct Tensor {  // one named parameter tensor inside this rank's flat layout
   std::string name;
   Shape shape;          // the whole tensor's
@@ -108,31 +112,30 @@ class Activations {
   size_t block_bytes() const;
   // The buffers a forward leaves for the backward (an offloader may write them out and free
   // them while the microbatch waits, then restore them before the backward).
-  std::vector<std::vector<float>*> buffers();
+  std::vector<Floats*> buffers();
 
   struct Block {  // what one block's backward reads
-    std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch,
-        fch_gelu;
+    Floats ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
     size_t floats() const;
   };
   struct BlockGrads {  // output gradients of the block's weighted layers, from B for W
-    std::vector<float> mlp_out, fch, ln2, attn_out, qkv, ln1;
+    Floats mlp_out, fch, ln2, attn_out, qkv, ln1;
     size_t floats() const;
   };
 
  private:
   friend class Gpt;
   int B = 0, T = 0, first = 0, last = -1, recompute_every = -1;
-  std::vector<int> tokens, targets;
+  kernels::Buffer<int> tokens, targets;
   bool have_targets = false;
-  bool weights_pending = false;           // a kInput ran, its kWeight not yet
-  std::vector<std::vector<float>> resid;  // input of each block of the run, then its output
-  std::vector<Block> blocks;              // per block of the run
-  std::vector<BlockGrads> grads;          // per block of the run, kInput to kWeight
-  std::vector<float> lnf, lnf_mean, lnf_rstd, lnf_all, logits, losses;
-  std::vector<float> loss_max, loss_sum, loss_target;  // vocab-parallel loss, per row
-  std::vector<float> d_lnf, d_embed;  // kInput to kWeight: final norm's, embedding's output grads
-  std::vector<float> input_grad;      // the run's input gradient (R,C) when it has no embedding
+  bool weights_pending = false;   // a kInput ran, its kWeight not yet
+  std::vector<Floats> resid;      // input of each block of the run, then its output
+  std::vector<Block> blocks;      // per block of the run
+  std::vector<BlockGrads> grads;  // per block of the run, kInput to kWeight
+  Floats lnf, lnf_mean, lnf_rstd, lnf_all, logits, losses;
+  Floats loss_max, loss_sum, loss_target;  // vocab-parallel loss, per row
+  Floats d_lnf, d_embed;  // kInput to kWeight: final norm's, embedding's output grads
+  Floats input_grad;      // the run's input gradient (R,C) when it has no embedding
 };
 
 class Gpt {
@@ -271,7 +274,7 @@ class Gpt {
   // A linear's backward: whole, or the input gradient with dout kept for the weights; the
   // input gradient added to dinp, or written over it (assign).
   void linear_backward(BackwardPart part, float* dinp, float* dw, float* db, const float* dout,
-                       const float* inp, Weight w, int N, int C, int OC, std::vector<float>* keep,
+                       const float* inp, Weight w, int N, int C, int OC, Floats* keep,
                        const uint16_t* dout16 = nullptr, bool assign = false);
   // The tensor-parallel edges (model/tp_comm.h); identities without tensor parallelism.
   const float* gather_rows(const float* rows, float* all);  // f forward / g backward
@@ -336,11 +339,11 @@ class Gpt {
   BlockActs recompute_acts_;  // a recomputed block's activations, during its backward
   // Forward scratch, not needed by backward: a row-parallel linear's (N,C) output (partial
   // under tensor parallelism), its reduced rows (sequence parallelism), gathered rows.
-  std::vector<float> proj_, proj_rows_, gathered_;
+  Floats proj_, proj_rows_, gathered_;
   // Backward scratch, one block's worth.
-  std::vector<float> dx_, d_ln1_, d_qkv_, d_att_, d_atty_, d_ln2_, d_fch_, d_fch_gelu_, d_lnf_;
-  std::vector<float> d_all_, d_rows_, d_lnparams_;  // gathered / reduced gradient rows
-  int B_ = 0, T_ = 0;                               // the scratch's micro-batch shape
+  Floats dx_, d_ln1_, d_qkv_, d_att_, d_atty_, d_ln2_, d_fch_, d_fch_gelu_, d_lnf_;
+  Floats d_all_, d_rows_, d_lnparams_;  // gathered / reduced gradient rows
+  int B_ = 0, T_ = 0;                   // the scratch's micro-batch shape
 };
 
 }  // namespace loom::model

@@ -19,6 +19,24 @@ ActivationOffload::ActivationOffload(const std::string& dir, int rank)
   ::mallopt(M_MMAP_THRESHOLD, 256 * 1024);
 }
 
+// A buffer in device memory goes through a host copy (the backends built today keep theirs in
+// host memory: no copy).
+void ActivationOffload::write(size_t at, const model::Floats& b) {
+  if (b.empty()) return;  // a buffer the run does not use (no memory given)
+  if (b.memory()->host_visible()) return file_.write(at, b.data(), b.bytes());
+  std::vector<float> host(b.size());
+  b.to_host(host.data());
+  file_.write(at, host.data(), b.bytes());
+}
+
+void ActivationOffload::read(size_t at, model::Floats& b) {
+  if (b.empty()) return;
+  if (b.memory()->host_visible()) return file_.read(at, b.data(), b.bytes());
+  std::vector<float> host(b.size());
+  file_.read(at, host.data(), b.bytes());
+  b.from_host(host.data(), host.size());
+}
+
 ActivationOffload::~ActivationOffload() {
   io_.reset();  // finishes the queued reads and writes before the file goes
 }
@@ -26,7 +44,7 @@ ActivationOffload::~ActivationOffload() {
 void ActivationOffload::offload(int key, model::Activations& a, const float* keep) {
   LOOM_CHECK(!is_out(key));
   Slot& s = slots_[key];
-  std::vector<std::vector<float>*> bufs = a.buffers();
+  std::vector<model::Floats*> bufs = a.buffers();
   s.kept = 0;
   for (size_t i = 0; i < bufs.size(); ++i)
     if (keep && bufs[i]->data() == keep) s.kept = i + 1;
@@ -43,9 +61,8 @@ void ActivationOffload::offload(int key, model::Activations& a, const float* kee
   s.writing = io_->submit([this, bufs, &s] {
     for (size_t i = 0, at = s.offset; i < bufs.size(); at += s.sizes[i] * sizeof(float), ++i) {
       if (i + 1 == s.kept) continue;
-      file_.write(at, bufs[i]->data(), s.sizes[i] * sizeof(float));
-      recycle(std::move(*bufs[i]));
-      bufs[i]->clear();
+      write(at, *bufs[i]);
+      recycle(bufs[i]->take());
       *s.resident -= s.sizes[i] * sizeof(float);
     }
   });
@@ -58,17 +75,18 @@ void ActivationOffload::offload(int key, model::Activations& a, const float* kee
 // VM), about what the disk costs. At most one microbatch's worth (the largest slot) waits;
 // the rest is freed. Both run on the I/O thread; drop_spares() empties them when a forward
 // is about to allocate afresh.
-void ActivationOffload::recycle(std::vector<float>&& b) {
+void ActivationOffload::recycle(model::Floats&& b) {
   const size_t bytes = b.capacity() * sizeof(float);
   std::lock_guard<std::mutex> lock(spare_mu_);
   if (spare_bytes_.load() + bytes <= spare_cap_.load()) {
     spare_bytes_ += bytes;
     spare_.push_back(std::move(b));
   }
-  std::vector<float>().swap(b);
+  b.release();
 }
 
-void ActivationOffload::reuse(std::vector<float>& b, size_t n) {
+void ActivationOffload::reuse(model::Floats& b, size_t n) {
+  if (n == 0) return;  // a buffer the run does not use
   std::unique_lock<std::mutex> lock(spare_mu_);
   auto best = spare_.end();  // the smallest spare that fits
   for (auto it = spare_.begin(); it != spare_.end(); ++it)
@@ -80,11 +98,11 @@ void ActivationOffload::reuse(std::vector<float>& b, size_t n) {
     spare_.erase(best);
   }
   lock.unlock();
-  b.resize(n);
+  b.resize_discard(n);  // read over whole
 }
 
 void ActivationOffload::drop_spares() {
-  std::vector<std::vector<float>> gone;
+  std::vector<model::Floats> gone;
   {
     std::lock_guard<std::mutex> lock(spare_mu_);
     gone.swap(spare_);
@@ -113,7 +131,7 @@ void ActivationOffload::prefetch(int key, model::Activations& a) {
   if (it == state_.end() || it->second) return;
   it->second = true;
   Slot& s = slots_[key];
-  std::vector<std::vector<float>*> bufs = a.buffers();
+  std::vector<model::Floats*> bufs = a.buffers();
   LOOM_CHECK_EQ(bufs.size(), s.sizes.size());
   for (size_t i = 0; i < s.sizes.size(); ++i)
     if (i + 1 != s.kept) read_ += static_cast<double>(s.sizes[i] * sizeof(float));
@@ -123,7 +141,7 @@ void ActivationOffload::prefetch(int key, model::Activations& a) {
       if (i + 1 == s.kept) continue;
       reuse(*bufs[i], s.sizes[i]);
       *s.resident += s.sizes[i] * sizeof(float);
-      file_.read(at, bufs[i]->data(), s.sizes[i] * sizeof(float));
+      read(at, *bufs[i]);
     }
   });
 }

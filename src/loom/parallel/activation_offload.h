@@ -68,13 +68,15 @@ class ActivationOffload {
     std::shared_future<void> writing, reading;
   };
 
-  void recycle(std::vector<float>&& b);         // I/O thread: a written buffer, kept or freed
-  void reuse(std::vector<float>& b, size_t n);  // I/O thread: b sized n, from a spare if one fits
+  void recycle(model::Floats&& b);                // I/O thread: a written buffer, kept or freed
+  void reuse(model::Floats& b, size_t n);         // I/O thread: b sized n, from a spare if one fits
+  void write(size_t at, const model::Floats& b);  // I/O thread: b to the file at `at`
+  void read(size_t at, model::Floats& b);         // and back
 
   ScratchFile file_;
-  std::mutex spare_mu_;                    // the I/O thread fills spare_, either side empties it
-  std::vector<std::vector<float>> spare_;  // written-out buffers for the next read-back
-  std::atomic<size_t> spare_cap_{0};       // their most bytes: the largest microbatch
+  std::mutex spare_mu_;               // the I/O thread fills spare_, either side empties it
+  std::vector<model::Floats> spare_;  // written-out buffers for the next read-back
+  std::atomic<size_t> spare_cap_{0};  // their most bytes: the largest microbatch
   std::atomic<size_t> spare_bytes_{0};
   size_t end_ = 0;             // the file's allocated size
   std::map<int, Slot> slots_;  // by key, kept across steps

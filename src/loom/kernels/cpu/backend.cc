@@ -12,6 +12,7 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(Precision p) : gemm_(p) {}
   const char* name() const override { return "cpu"; }
+  std::shared_ptr<Memory> memory() const override { return host_memory(); }
 
   Precision precision() const override { return gemm_.precision(); }
   void set_precision(Precision p) override { gemm_.set_precision(p); }
@@ -105,6 +106,14 @@ class CpuBackend final : public Backend {
   void attention_backward(float* dinp, float* scratch, const float* dout, const float* inp,
                           const float* att, int B, int T, int C, int NH, bool assign) override {
     cpu::attention_backward(gemm_, dinp, scratch, dout, inp, att, B, T, C, NH, assign);
+  }
+  void embed_rows(float* out, const int* tokens, const int* positions, const float* wte,
+                  const float* wpe, int R, int C) override {
+    cpu::embed_rows(out, tokens, positions, wte, wpe, R, C);
+  }
+  void kv_append(float* k, float* v, const float* qkv, const int* seq, const int* pos, int R, int C,
+                 int NH, int cap) override {
+    cpu::kv_append(k, v, qkv, seq, pos, R, C, NH, cap);
   }
   void attention_decode(float* out, float* scratch, const float* qkv, const float* const* k,
                         const float* const* v, const int* len, int R, int C, int NH,

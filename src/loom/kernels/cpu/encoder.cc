@@ -73,4 +73,28 @@ void position_backward(float* dwpe, const float* dout, int row_begin, int R, int
   }
 }
 
+void embed_rows(float* out, const int* tokens, const int* positions, const float* wte,
+                const float* wpe, int R, int C) {
+#pragma omp parallel for if (R > 16)
+  for (int r = 0; r < R; ++r) {
+    float* o = out + static_cast<size_t>(r) * C;
+    const float* te = wte + static_cast<size_t>(tokens[r]) * C;
+    const float* pe = wpe + static_cast<size_t>(positions[r]) * C;
+    for (int c = 0; c < C; ++c) o[c] = te[c] + pe[c];
+  }
+}
+
+void kv_append(float* k, float* v, const float* qkv, const int* seq, const int* pos, int R, int C,
+               int NH, int cap) {
+  const int hs = C / NH;
+#pragma omp parallel for if (R > 16)
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < NH; ++h) {
+      const size_t at = ((static_cast<size_t>(seq[r]) * NH + h) * cap + pos[r]) * hs;
+      const float* row = qkv + static_cast<size_t>(r) * 3 * C + static_cast<size_t>(h) * hs;
+      std::copy(row + C, row + C + hs, k + at);
+      std::copy(row + 2 * C, row + 2 * C + hs, v + at);
+    }
+}
+
 }  // namespace loom::kernels::cpu

@@ -94,6 +94,12 @@ void attention_backward(Gemm& gemm, float* dinp, float* scratch, const float* do
 // Attention of R new rows over cached keys and values (generation): row r's query (inside
 // qkv (R,3C), as in attention_forward) attends to positions [0, len[r]) of its sequence,
 // whose keys and values are k[r], v[r] (NH, cap, hs) each. out (R,C); scratch (R,NH,cap).
+// Decoding's bookkeeping (kernels/backend.h): embeddings of rows at any positions, and the
+// rows' keys and values appended to the cache.
+void embed_rows(float* out, const int* tokens, const int* positions, const float* wte,
+                const float* wpe, int R, int C);
+void kv_append(float* k, float* v, const float* qkv, const int* seq, const int* pos, int R, int C,
+               int NH, int cap);
 void attention_decode(float* out, float* scratch, const float* qkv, const float* const* k,
                       const float* const* v, const int* len, int R, int C, int NH, int cap);
 

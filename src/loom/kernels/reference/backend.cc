@@ -36,6 +36,7 @@ class ReferenceBackend final : public Backend {
  public:
   explicit ReferenceBackend(Precision p) : precision_(p) {}
   const char* name() const override { return "reference"; }
+  std::shared_ptr<Memory> memory() const override { return host_memory(); }
 
   Precision precision() const override { return precision_; }
   void set_precision(Precision p) override { precision_ = p; }
@@ -165,6 +166,25 @@ class ReferenceBackend final : public Backend {
                           const float* att, int B, int T, int C, int NH, bool assign) override {
     if (assign) zero(dinp, static_cast<size_t>(B) * T * 3 * C);
     reference::attention_backward(dinp, dout, inp, att, B, T, C, NH, bf16());
+  }
+  void embed_rows(float* out, const int* tokens, const int* positions, const float* wte,
+                  const float* wpe, int R, int C) override {
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c)
+        out[r * C + c] = wte[static_cast<size_t>(tokens[r]) * C + c] +
+                         wpe[static_cast<size_t>(positions[r]) * C + c];
+  }
+  // Element by element: key i of head h of row r is qkv[r][C + h*hs + i].
+  void kv_append(float* k, float* v, const float* qkv, const int* seq, const int* pos, int R, int C,
+                 int NH, int cap) override {
+    const int hs = C / NH;
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < NH; ++h)
+        for (int i = 0; i < hs; ++i) {
+          const size_t at = ((static_cast<size_t>(seq[r]) * NH + h) * cap + pos[r]) * hs + i;
+          k[at] = qkv[static_cast<size_t>(r) * 3 * C + C + h * hs + i];
+          v[at] = qkv[static_cast<size_t>(r) * 3 * C + 2 * C + h * hs + i];
+        }
   }
   // Row r's query (head h: qkv[r][h*hs ..]) over positions [0, len[r]) of k[r], v[r]
   // (NH, cap, hs); fp32 operands as the fast decode, the probabilities left in scratch.
