@@ -237,6 +237,11 @@ int run_machines(const Args& a, launch::LaunchOptions lo, bool is_train) {
           std::fprintf(stderr, "loom run: %s\n", why.c_str());
           return 2;
         }
+        if (e && e->exit_code == loom::kExitDiverged) {  // nor after a diverged step
+          rdzv.fail(m, self.host + ": " + why + " (training diverged)");
+          std::fprintf(stderr, "loom run: %s\n", why.c_str());
+          return loom::kExitDiverged;
+        }
         break;
     }
     std::fprintf(stderr, "loom run: %s; this machine's ranks were stopped\n", why.c_str());
@@ -330,8 +335,10 @@ std::function<int()> add_run_command(CLI::App& app) {
       const launch::RankExit& e = res.ranks[res.first_failure];
       std::fprintf(stderr, "loom run: %s; the other ranks were stopped\n", e.describe().c_str());
       const int code = exit_code(e);
-      // Exit code 2 is bad input: a restart would fail the same way.
-      if (attempt >= a->max_restarts || e.exit_code == 2) return code;
+      // Bad input and a diverged run: a restart would fail the same way.
+      if (attempt >= a->max_restarts || e.exit_code == loom::kExitBadInput ||
+          e.exit_code == loom::kExitDiverged)
+        return code;
       std::fprintf(stderr, "loom run: restarting from the latest checkpoint (restart %d of %d)\n",
                    attempt + 1, a->max_restarts);
       if (is_train) add_resume(lo.argv);

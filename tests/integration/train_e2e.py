@@ -10,8 +10,13 @@
   train_e2e.py LOOM WORKDIR backend  train.backend = reference (plain-loop kernels) against the
                                      default cpu backend: every step's loss and gradient norm
                                      within 1e-5
+  train_e2e.py LOOM WORKDIR nonfinite  a NaN in one gradient element of one rank of a tp 2 x
+                                     dp 2 job (LOOM_TEST_POISON_GRAD): train.on_nonfinite stop,
+                                     skip and rewind against clean runs built from the same
+                                     checkpoint, bit for bit; ckpt.keep = 1 keeps the finite one
 """
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -264,9 +269,136 @@ def check_backend():
         fail("an unknown backend should fail with one line naming the choices: " + out)
 
 
+# --- non-finite steps (issue 38) ----------------------------------------------------------
+NF_POISON = "5:1"  # step 5 (1-based), rank 1: tensor-parallel rank 1 of replica 0
+
+
+def nf_cmd(run_dir, steps, *extra):
+    return [LOOM, "run", "-n", "4", LOOM, "train", "-c",
+            os.path.join(os.path.dirname(__file__), "../../configs/tiny.toml"),
+            "--set", "data.path=" + DATA, "--set", "run.dir=" + run_dir,
+            "--set", f"train.steps={steps}", "--set", "train.tp=2", "--set", "train.micro_batch=2",
+            "--set", "train.global_batch=4", "--set", "train.seq_len=32", "--set", "train.threads=1",
+            "--set", "optim.warmup_steps=2", "--set", "ckpt.every=2", "--set", "eval.every=0",
+            "--quiet", *extra]
+
+
+def nf_run(run_dir, steps, *extra, poison=True, rc=0):
+    env = dict(os.environ)
+    env.pop("LOOM_TEST_POISON_GRAD", None)
+    if poison:
+        env["LOOM_TEST_POISON_GRAD"] = NF_POISON
+    return run(nf_cmd(run_dir, steps, *extra), expect_rc=rc, env=env)
+
+
+def step_values(run_dir, key="loss"):
+    """{step: repr(value)} of the last line of each step (a rewound step is logged again)."""
+    return {m["step"]: repr(m.get(key)) for m in metrics(run_dir)}
+
+
+def resumed_from(src_ckpt, run_dir, next_step, data_offset=None):
+    """A run dir whose only checkpoint is src_ckpt saved as next_step (data moved by
+    data_offset samples): the state a skipped or rewound run should continue from."""
+    dst = os.path.join(run_dir, "ckpt", "step_%08d" % next_step)
+    shutil.copytree(src_ckpt, dst)
+    path = os.path.join(dst, "manifest.json")
+    with open(path) as f:
+        man = json.load(f)
+    man["step"] = next_step
+    man["meta"]["next_step"] = next_step
+    if data_offset is not None:
+        man["meta"]["data_offset"] = data_offset
+    with open(path, "w") as f:
+        json.dump(man, f)
+
+
+def same(what, got, want, steps):
+    bad = [s for s in steps if got.get(s) != want.get(s)]
+    if bad:
+        fail(f"{what}: steps {bad} differ: got {[got.get(s) for s in bad]}, "
+             f"want {[want.get(s) for s in bad]}")
+    print(f"{what}: steps {steps[0]}-{steps[-1]} bit-identical")
+
+
+def check_nonfinite():
+    clean = os.path.join(WORK, "run_clean")
+    nf_run(clean, 8, poison=False)
+    want = step_values(clean)
+    ckpt4 = os.path.join(clean, "ckpt", "step_00000004")
+
+    # stop: every rank stops after step 5 with the one line; no checkpoint after step 4;
+    # resuming from step 4 (unpoisoned) gives the clean losses.
+    stop = os.path.join(WORK, "run_stop")
+    p = nf_run(stop, 8, rc=4)
+    err = p.stderr
+    lines = [l for l in err.splitlines() if "training diverged at step 5" in l]
+    if len(lines) != 4:
+        fail(f"expected the divergence line from each of the 4 ranks, got {len(lines)}:\n{err}")
+    for need in ("the gradients went non-finite", "tensor wte", "on rank 1",
+                 "the last good checkpoint is " + os.path.join(stop, "ckpt", "step_00000004")):
+        if need not in lines[0]:
+            fail(f"the stop line does not say '{need}': {lines[0]}")
+    if "hint:" not in err:
+        fail("the stop message has no hint: " + err)
+    print("stop:", lines[0].split("loom: error: ")[-1][:200])
+    ckpts = sorted(os.listdir(os.path.join(stop, "ckpt")))
+    if ckpts != ["step_00000002", "step_00000004"]:
+        fail(f"stop wrote or rotated checkpoints after the non-finite step: {ckpts}")
+    if step_values(stop, "grad_norm").get(5) != "None":
+        fail("step 5's gradient norm should be logged as null (NaN)")
+    nf_run(stop, 8, "--resume", poison=False)
+    same("stop, then --resume from step 4", step_values(stop), want, list(range(5, 9)))
+
+    # skip: step 5's update is skipped; from there the losses of a run that resumed from the
+    # step-4 weights and moments as step 5 (the step counter, schedule and data moved on).
+    skip = os.path.join(WORK, "run_skip")
+    nf_run(skip, 8, "--set", "train.on_nonfinite=skip")
+    ref = os.path.join(WORK, "run_skip_ref")
+    resumed_from(ckpt4, ref, 5)
+    nf_run(ref, 8, "--resume", poison=False)
+    got = step_values(skip)
+    same("skip vs the clean run", got, want, list(range(1, 6)))
+    same("skip vs a run that skipped step 5's update", got, step_values(ref), [6, 7, 8])
+    skipped = [m.get("skipped_steps") for m in metrics(skip)]
+    if skipped != [0, 0, 0, 0, 1, 1, 1, 1]:
+        fail(f"skipped_steps per step: {skipped}")
+
+    # rewind: back to step 4's checkpoint, the data moved past steps 5 (the failed one) and 6;
+    # from there the losses of a clean run resumed from that checkpoint with the data moved.
+    rew = os.path.join(WORK, "run_rewind")
+    p = nf_run(rew, 8, "--set", "train.on_nonfinite=rewind")
+    ref = os.path.join(WORK, "run_rewind_ref")
+    resumed_from(ckpt4, ref, 4, data_offset=2 * 4)
+    nf_run(ref, 8, "--resume", poison=False)
+    same("rewind vs a clean run from step 4 with the data moved 8 samples", step_values(rew),
+         step_values(ref), list(range(5, 9)))
+    if [m["step"] for m in metrics(rew)] != [1, 2, 3, 4, 5, 5, 6, 7, 8]:
+        fail(f"rewind's metrics steps: {[m['step'] for m in metrics(rew)]}")
+    if metrics(rew)[-1].get("rewinds") != 1:
+        fail("rewinds should count 1")
+
+    # ckpt.keep = 1: the finite step-4 checkpoint outlives the non-finite step 5's.
+    keep = os.path.join(WORK, "run_keep")
+    nf_run(keep, 5, "--set", "train.on_nonfinite=skip", "--set", "ckpt.every=1",
+           "--set", "ckpt.keep=1")
+    ckpts = sorted(os.listdir(os.path.join(keep, "ckpt")))
+    if ckpts != ["step_00000004", "step_00000005"]:
+        fail(f"ckpt.keep = 1 after a non-finite step 5 left {ckpts}")
+    with open(os.path.join(keep, "ckpt", "step_00000005", "manifest.json")) as f:
+        if json.load(f)["meta"].get("finite") is not False:
+            fail("step 5's checkpoint should be marked finite: false")
+    print("ckpt.keep = 1: kept", ckpts)
+
+    p = run(nf_cmd(os.path.join(WORK, "run_bad"), 2, "--set", "train.on_nonfinite=retry"),
+            expect_rc=2)
+    if "train.on_nonfinite" not in p.stderr or "hint:" not in p.stderr:
+        fail("a bad train.on_nonfinite should fail naming the key: " + p.stderr)
+
+
 DATA = prepare_data(LOOM, WORK)
 for old in os.listdir(WORK):  # runs of an earlier invocation
     if old.startswith("run_"):
         shutil.rmtree(os.path.join(WORK, old))
-{"resume": check_resume, "bf16": check_bf16, "backend": check_backend}[MODE]()
+{"resume": check_resume, "bf16": check_bf16, "backend": check_backend,
+ "nonfinite": check_nonfinite}[MODE]()
 print("OK")

@@ -432,6 +432,17 @@ TEST(Loader, DataParallelSlicesPartitionTheGlobalBatch) {
     }
   }
   EXPECT_THROW(Loader(d, {6, T, 0, 4}, 1), UserError);  // 6 does not split over 4 ranks
+  // A sample offset (a rewind past data) moves every step along the same run of epochs,
+  // across an epoch's end too: offset 2B + 3 puts slot i of step s where slot i + 3 of step
+  // s + 2 was (carrying into the next step).
+  Loader moved(d, {B, T, 0, 1}, 123);
+  moved.set_sample_offset(2 * B + 3);
+  for (uint64_t step : {uint64_t{0}, whole.steps_per_epoch() - 3, whole.steps_per_epoch() + 1})
+    for (int i = 0; i < B; ++i) {
+      const uint64_t at = (step + 2) * B + i + 3;
+      EXPECT_EQ(moved.sample_of(step, i), whole.sample_of(at / B, static_cast<int>(at % B)))
+          << "step " << step << " slot " << i;
+    }
   fs::remove_all(in);
   fs::remove_all(out);
 }

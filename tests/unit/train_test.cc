@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include "loom/core/error.h"
 #include "loom/optim/adamw.h"
 #include "loom/train/config.h"
+#include "loom/train/divergence.h"
 #include "loom/train/tensorboard.h"
 
 namespace loom {
@@ -280,6 +282,59 @@ TEST(Checkpoint, BoxesOfTensorParallelShardsReadBackInAnyLayout) {
 // with every byte >= 0x80 and '@' as "@XX", and strings are decoded back. (Mutation
 // checked: parsing the raw text, the first error names toml++'s description instead, and
 // UBSan reports the unreachable on the three fuzz inputs in tests/fuzz/corpus.)
+// train.on_nonfinite's decisions: a non-finite loss or gradient norm is bad; skips up to
+// max_skips in a row, then stop; a good step resets the run; rewinds up to max_rewinds.
+TEST(Divergence, PoliciesAndTheirLimits) {
+  using namespace train;  // NOLINT: the guard's names
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  using A = DivergenceGuard::Action;
+  DivergenceGuard skip(OnNonFinite::kSkip, 2, 0, 0);
+  EXPECT_FALSE(skip.judge(3.0, false).bad());
+  EXPECT_FALSE(skip.judge(nan, false).loss_finite);
+  EXPECT_FALSE(skip.judge(3.0, true).grads_finite);
+  EXPECT_TRUE(skip.judge(std::numeric_limits<double>::infinity(), false).bad());
+  const StepHealth bad = skip.judge(3.0, true);
+  EXPECT_EQ(skip.decide(bad, 3.0), A::kSkip);
+  EXPECT_EQ(skip.decide(bad, 3.0), A::kSkip);
+  EXPECT_EQ(skip.decide(skip.judge(3.0, false), 3.0), A::kUpdate);  // ends the run of skips
+  EXPECT_EQ(skip.decide(bad, 3.0), A::kSkip);
+  EXPECT_EQ(skip.decide(bad, 3.0), A::kSkip);
+  EXPECT_EQ(skip.decide(bad, 3.0), A::kStop);  // the third in a row (max_skips = 2)
+  EXPECT_EQ(skip.skipped(), 4);
+  EXPECT_NE(skip.why_stop().find("train.max_skips = 2"), std::string::npos);
+
+  DivergenceGuard rewind(OnNonFinite::kRewind, 0, 1, 0);
+  EXPECT_EQ(rewind.decide(bad, 3.0), A::kRewind);
+  EXPECT_EQ(rewind.decide(bad, 3.0), A::kStop);
+  EXPECT_NE(rewind.why_stop().find("train.max_rewinds = 1"), std::string::npos);
+  DivergenceGuard stop(OnNonFinite::kStop, 5, 5, 0);
+  EXPECT_EQ(stop.decide(bad, 3.0), A::kStop);
+  EXPECT_EQ(parse_on_nonfinite("rewind"), OnNonFinite::kRewind);
+  EXPECT_THROW(parse_on_nonfinite("retry"), UserError);
+}
+
+// train.spike_factor: a finite loss above factor x the median of the last good losses is a
+// spike (judged once 10 are in); spikes do not enter the window, so they do not raise it.
+TEST(Divergence, SpikesAgainstTheRunningMedian) {
+  using namespace train;  // NOLINT: the guard's names
+  DivergenceGuard g(OnNonFinite::kRewind, 0, 100, 4.0);
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_FALSE(g.judge(1000.0, false).bad()) << "judged before 10 losses";
+    g.decide(g.judge(2.0 + 0.01 * i, false), 2.0 + 0.01 * i);
+  }
+  g.decide(g.judge(100.0, false), 100.0);  // the 10th: an outlier, but not judged yet
+  const StepHealth h = g.judge(8.5, false);
+  EXPECT_TRUE(h.spike);  // the median of 2.00..2.08 and 100 is 2.05: 8.5 > 4 x 2.05
+  EXPECT_DOUBLE_EQ(h.median, 2.05);
+  EXPECT_NE(h.what(8.5, 4.0).find("spiked above 4 x"), std::string::npos);
+  EXPECT_FALSE(g.judge(8.1, false).spike);
+  EXPECT_EQ(g.decide(h, 8.5), DivergenceGuard::Action::kRewind);
+  EXPECT_TRUE(g.judge(8.5, false).spike);  // the spike did not join the window
+  DivergenceGuard off(OnNonFinite::kStop, 0, 0, 0);
+  for (int i = 0; i < 20; ++i) off.decide(off.judge(2.0, false), 2.0);
+  EXPECT_FALSE(off.judge(1e6, false).bad());
+}
+
 TEST(Config, NonAsciiNeverReachesToml) {
   auto dir = temp_dir("cfgutf8");
   EXPECT_NE(error_of([&] {
@@ -387,6 +442,34 @@ TEST(Checkpoint, InterruptedSaveLeavesThePreviousOneAndKeepPrunes) {
   EXPECT_NE(
       error_of([&] { ckpt::Reader r(root + "/.step_00000004.tmp"); }).find("manifest.json missing"),
       std::string::npos);
+}
+
+// ckpt.keep counts finite checkpoints only: with keep = 1, the finite step 2 survives the
+// non-finite steps 3 and 4 after it (kept too: the newest state), and goes only when the
+// finite step 5 is saved.
+TEST(Checkpoint, KeepCountsOnlyFiniteCheckpoints) {
+  auto root = temp_dir("ckpt3");
+  std::vector<float> x(10, 1.0f);
+  auto save = [&](int step, bool finite) {
+    ckpt::SaveOptions o;
+    o.root = root, o.step = step, o.keep = 1;
+    ckpt::save(o, {{"param/x", {10}, {{}, {}, 0, 10}, x.data()}},
+               {{"next_step", step}, {"finite", finite}});
+  };
+  save(1, true);
+  save(2, true);
+  EXPECT_FALSE(fs::exists(root + "/step_00000001"));
+  save(3, false);
+  save(4, false);
+  for (const char* s : {"/step_00000002", "/step_00000003", "/step_00000004"})
+    EXPECT_TRUE(fs::exists(root + s)) << s;
+  EXPECT_EQ(ckpt::latest(root), root + "/step_00000004");
+  EXPECT_EQ(ckpt::latest_finite(root), root + "/step_00000002");
+  save(5, true);
+  for (const char* s : {"/step_00000002", "/step_00000003", "/step_00000004"})
+    EXPECT_FALSE(fs::exists(root + s)) << s;
+  EXPECT_EQ(ckpt::latest_finite(root), root + "/step_00000005");
+  fs::remove_all(root);
 }
 
 }  // namespace

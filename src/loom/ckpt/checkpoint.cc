@@ -226,6 +226,29 @@ std::vector<fs::path> complete_checkpoints(const std::string& root) {
   std::sort(out.begin(), out.end());
   return out;
 }
+
+// Whether a complete checkpoint was saved after a step whose loss and gradients were
+// finite (its meta's "finite"; checkpoints that predate the flag were).
+bool finite_checkpoint(const fs::path& dir) {
+  try {
+    const nlohmann::json m = nlohmann::json::parse(read_file((dir / "manifest.json").string()));
+    return m.at("meta").value("finite", true);
+  } catch (const std::exception&) {
+    return true;  // unreadable: Reader names the problem when it is opened
+  }
+}
+
+// Rotation: the newest `keep` finite checkpoints stay, and every checkpoint newer than the
+// oldest of them; the rest go. A run of non-finite steps never pushes the last finite
+// checkpoint out.
+void rotate(const std::string& root, int keep) {
+  const std::vector<fs::path> all = complete_checkpoints(root);
+  size_t oldest_kept = all.size(), finite = 0;
+  for (size_t i = all.size(); i-- > 0 && finite < static_cast<size_t>(keep);)
+    if (finite_checkpoint(all[i])) oldest_kept = i, ++finite;
+  if (finite < static_cast<size_t>(keep)) return;  // fewer than keep finite ones: all stay
+  for (size_t i = 0; i < oldest_kept; ++i) fs::remove_all(all[i]);
+}
 }  // namespace
 
 const DoubleTunable kSavePause(
@@ -267,8 +290,7 @@ std::string save(const SaveOptions& opt, const std::vector<Piece>& pieces,
     fs::rename(staging, final_dir);
     fsync_dir(opt.root);
     fs::remove_all(old);
-    auto all = complete_checkpoints(opt.root);
-    for (size_t i = 0; i + opt.keep < all.size(); ++i) fs::remove_all(all[i]);
+    rotate(opt.root, opt.keep);
   }
   barrier();
   return final_dir;
@@ -277,6 +299,13 @@ std::string save(const SaveOptions& opt, const std::vector<Piece>& pieces,
 std::string latest(const std::string& root) {
   auto all = complete_checkpoints(root);
   return all.empty() ? "" : all.back().string();
+}
+
+std::string latest_finite(const std::string& root) {
+  auto all = complete_checkpoints(root);
+  for (size_t i = all.size(); i-- > 0;)
+    if (finite_checkpoint(all[i])) return all[i].string();
+  return "";
 }
 
 Reader::Reader(const std::string& dir) : dir_(dir) {

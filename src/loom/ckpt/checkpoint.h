@@ -41,7 +41,7 @@ struct SaveOptions {
   std::string root;  // the folder that holds step_* checkpoints
   int64_t step = 0;
   int rank = 0, world = 1;
-  int keep = 3;
+  int keep = 3;  // finite checkpoints kept, with any newer non-finite ones (meta "finite")
   std::function<void()> barrier;  // required when world > 1
 };
 
@@ -52,6 +52,8 @@ std::string save(const SaveOptions& opt, const std::vector<Piece>& pieces,
 
 // The newest complete checkpoint under root, or "" when there is none.
 std::string latest(const std::string& root);
+// The newest complete one saved after a finite step (meta "finite" true or absent), or "".
+std::string latest_finite(const std::string& root);
 
 class Reader : public TensorSource {
  public:

@@ -13,6 +13,12 @@
 
 namespace loom {
 
+// Exit statuses: 1 a bug (InternalError), 2 bad input (UserError), 3 a peer failed
+// (PeerError), 4 training diverged (a non-finite or spiking step the policy did not survive:
+// train/divergence.h). Neither 2 nor 4 is restarted by `loom run`: it would fail the same way.
+inline constexpr int kExitBadInput = 2;
+inline constexpr int kExitDiverged = 4;
+
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;

@@ -115,9 +115,11 @@ Loader::Loader(const TokenDataset& data, BatchShape shape, uint64_t seed)
 }
 
 uint64_t Loader::sample_of(uint64_t step, int i) const {
-  uint64_t epoch = step / steps_per_epoch_;
-  uint64_t pos = (step % steps_per_epoch_) * shape_.global_batch + static_cast<uint64_t>(i);
-  return order_.at(epoch, pos);
+  // The position in the run of epochs, each steps_per_epoch_ x B samples of the order long.
+  const uint64_t per_epoch = steps_per_epoch_ * static_cast<uint64_t>(shape_.global_batch);
+  const uint64_t at =
+      offset_ + step * static_cast<uint64_t>(shape_.global_batch) + static_cast<uint64_t>(i);
+  return order_.at(at / per_epoch, at % per_epoch);
 }
 
 void Loader::batch(uint64_t step, int32_t* x, int32_t* y) const {

@@ -8,7 +8,9 @@
 // an index. Global step s takes samples s*B .. s*B+B-1 of that order (B = the global
 // batch); data-parallel rank r of R reads the r-th of R equal slices. The S mod B samples
 // that do not fill a batch at the end of an epoch are dropped. The loader's whole state is
-// the step counter.
+// the step counter and a sample offset (normally 0): with offset k, step s takes the
+// samples k + s*B .. k + s*B + B-1 of the run of epochs (a rewind past the data that made
+// training diverge moves it; the checkpoint records it).
 #pragma once
 
 #include <cstdint>
@@ -62,12 +64,15 @@ class Loader {
   void batch(uint64_t step, int32_t* x, int32_t* y) const;
   // The global sample index (in the dataset) of slot `i` of global step `step`.
   uint64_t sample_of(uint64_t step, int i) const;
+  void set_sample_offset(uint64_t samples) { offset_ = samples; }
+  uint64_t sample_offset() const { return offset_; }
 
  private:
   const TokenDataset& data_;
   BatchShape shape_;
   SampleOrder order_;
   uint64_t steps_per_epoch_;
+  uint64_t offset_ = 0;
 };
 
 }  // namespace loom::data

@@ -223,9 +223,11 @@ LaunchResult run_local(const LaunchOptions& opts) {
         bool failed = e.signal != 0 || e.exit_code != 0;
         if (failed && !e.killed_by_launcher && result.first_failure < 0) {
           result.first_failure = q;
-          // Bad input (exit 2) is found by every rank on its own before any connects: let
-          // the others print their error and exit before stopping them.
-          if (opts.fail_fast) teardown_in(e.exit_code == 2 ? opts.input_error_grace_seconds : 0);
+          // Bad input (exit 2) is found by every rank on its own before any connects, and a
+          // diverged step (exit 4) by every rank after it: let the others print their error
+          // and exit before stopping them.
+          const bool every_rank = e.exit_code == kExitBadInput || e.exit_code == kExitDiverged;
+          if (opts.fail_fast) teardown_in(every_rank ? opts.input_error_grace_seconds : 0);
         }
       }
       continue;

@@ -398,6 +398,21 @@ double DataParallel::grad_sum_of_squares() {
   return ss;
 }
 
+std::optional<std::pair<int, std::string>> DataParallel::first_nonfinite_grad() {
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    const size_t base = units_[u].adam->begin();
+    std::optional<std::pair<int, std::string>> found;
+    for_each_slice(u, base, units_[u].adam->end(),
+                   [&](const model::Tensor& t, int64_t, int64_t n, size_t a) {
+                     const float* g = own_grad(u) + (a - base);
+                     if (!found && !std::all_of(g, g + n, [](float x) { return std::isfinite(x); }))
+                       found = {{u, t.name}};
+                   });
+    if (found) return found;
+  }
+  return std::nullopt;
+}
+
 void DataParallel::optimizer_step(float grad_scale, double lr, const optim::AdamWParams& c,
                                   int64_t t) {
   const int nu = static_cast<int>(units_.size());

@@ -121,6 +121,10 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   size_t unit_grad_size(int u) const;
   // This rank's share of the squared gradient norm, summed over the shard group.
   double grad_sum_of_squares();
+  // After a step whose gradient norm is not finite: the first tensor (units in order) with a
+  // NaN or infinity in this rank's reduced gradient, as {unit, tensor name}; none if clean.
+  // A pass over the gradients: not for the hot path.
+  std::optional<std::pair<int, std::string>> first_nonfinite_grad();
   void optimizer_step(float grad_scale, double lr, const optim::AdamWParams& p, int64_t t);
 
   // Seconds the calling thread spent waiting on communication since the last reset.

@@ -32,7 +32,7 @@ void StepComposer::check_replicas(const std::string& when, bool across_dp) {
             "the tied embedding's copies on the first and last pipeline stage");
 }
 
-double StepComposer::finish_gradients() {
+void StepComposer::finish_reductions() {
   dp_.finish_reductions();
   // The tied embedding (unit 0): the first stage's gradient of wte and the last stage's
   // (its head copy) add up.
@@ -41,6 +41,9 @@ double StepComposer::finish_gradients() {
     const size_t n = dp_.unit_grad_size(0);
     dp_.timed([&] { embedding_->allreduce(g, g, n, DType::kF32, ReduceOp::kSum); });
   }
+}
+
+double StepComposer::grad_norm() {
   // This rank's share of the squared norm (summed over the shard group), then the other
   // tensor- and pipeline-parallel parts.
   double ss = dp_.grad_sum_of_squares();

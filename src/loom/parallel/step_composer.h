@@ -24,7 +24,14 @@ class StepComposer {
   // embedding's gradient copies (both take the sum, so the copies stay equal) and returns
   // the L2 norm of the whole model's averaged gradient. Communication waited for counts in
   // dp's comm_wait_s().
-  double finish_gradients();
+  double finish_gradients() {
+    finish_reductions();
+    return grad_norm();
+  }
+  // Its two halves: the gradients final (the reductions and the embedding's sum), then the
+  // norm (between them the trainer's test switch may poison a gradient: docs/errors.md).
+  void finish_reductions();
+  double grad_norm();
 
   // Error naming the ranks when a replicated tensor differs across the tensor-parallel
   // group, or the tied embedding between the first and last pipeline stage, or (with

@@ -20,6 +20,9 @@ inline constexpr ScalarField kStepMs{"step_ms", "perf/step_ms"};
 inline constexpr ScalarField kCommWaitMs{"comm_wait_ms", "perf/comm_wait_ms"};
 inline constexpr ScalarField kTokensPerS{"tokens_per_s", "perf/tokens_per_s"};
 inline constexpr ScalarField kMfu{"mfu", "perf/mfu"};
+// Counts so far of steps whose update was skipped and of rewinds (train.on_nonfinite).
+inline constexpr ScalarField kSkippedSteps{"skipped_steps", "train/skipped_steps"};
+inline constexpr ScalarField kRewinds{"rewinds", "train/rewinds"};
 inline constexpr ScalarField kTpCommMs{"tp_comm_ms", "perf/tp_comm_ms"};  // under tp only
 inline constexpr ScalarField kTpCommMb{"tp_comm_mb", nullptr};            // under tp only
 inline constexpr const char* kStep = "step";

@@ -59,6 +59,20 @@ std::vector<Field> fields_of(TrainConfig& c) {
        [&] {
          return one_of(c.backend, {"cpu", "reference"});
        }},
+      {"train.on_nonfinite", &c.on_nonfinite,
+       [&] {
+         return one_of(c.on_nonfinite, {"stop", "skip", "rewind"});
+       }},
+      {"train.max_skips", &c.max_skips, [&] { return at_least(c.max_skips, 0); }},
+      {"train.max_rewinds", &c.max_rewinds, [&] { return at_least(c.max_rewinds, 0); }},
+      {"train.rewind_skip_samples", &c.rewind_skip_samples,
+       [&] { return at_least(c.rewind_skip_samples, 0); }},
+      {"train.spike_factor", &c.spike_factor,
+       [&] {
+         return c.spike_factor == 0 || (c.spike_factor > 1 && c.spike_factor <= 1e6)
+                    ? ""
+                    : "must be 0 (off) or a factor above 1, e.g. 4";
+       }},
       {"train.recompute", &c.recompute,
        [&] {
          if (c.recompute == "none" || c.recompute == "all") return std::string();

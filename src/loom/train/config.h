@@ -50,6 +50,18 @@ struct TrainConfig {
   // Start from these weights (step 0, fresh optimizer): a Hugging Face GPT-2 folder or
   // .safetensors file, or another run's loom checkpoint; the model's shape comes from it.
   std::string init_from;
+  // A step whose loss or gradient norm is not finite (or, with spike_factor > 0, whose loss
+  // is above spike_factor x the median of the last 100 steps' losses): stop (no checkpoint
+  // after it, exit code 4) | skip (no update; max_skips in a row become stop) | rewind
+  // (reload the last finite checkpoint, move the data past the window that diverged; at
+  // most max_rewinds times, then stop). docs/algorithms.md "Numerics".
+  std::string on_nonfinite = "stop";
+  int64_t max_skips = 5;
+  int64_t max_rewinds = 3;
+  // How far a rewind moves the data from the checkpoint's position; 0: the samples read since
+  // that checkpoint (through the failed step) and one global batch more.
+  int64_t rewind_skip_samples = 0;
+  double spike_factor = 0;  // 0: off
   // [tp]
   bool sequence_parallel = false;  // split LayerNorm/residual regions along the tokens
   // [pp]

@@ -3,12 +3,15 @@
 #include <omp.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -21,6 +24,7 @@
 #include "loom/core/file.h"
 #include "loom/core/state_memory.h"
 #include "loom/core/stats.h"
+#include "loom/core/tunable.h"
 #include "loom/data/loader.h"
 #include "loom/interop/model_files.h"
 #include "loom/kernels/backend.h"
@@ -36,6 +40,7 @@
 #include "loom/plan/planner.h"
 #include "loom/profile/system_sampler.h"
 #include "loom/profile/trace.h"
+#include "loom/train/divergence.h"
 #include "loom/train/evaluate.h"
 #include "loom/train/tensorboard.h"
 
@@ -44,6 +49,11 @@ namespace fs = std::filesystem;
 using Clock = Trainer::Clock;
 
 namespace {
+
+const StringTunable kPoisonGrad(
+    "LOOM_TEST_POISON_GRAD", "",
+    "STEP:RANK (tests only): the first time step STEP (1-based) runs, once its gradients are "
+    "final, rank RANK sets the first element of its first non-empty unit's gradient to NaN");
 
 std::atomic<int> g_stop_signal{0};  // set by the signal handler, read at step boundaries
 extern "C" void on_stop_signal(int sig) {
@@ -140,6 +150,7 @@ int64_t Trainer::restore() {
   }
   dp_->load(*checkpoint_);
   const int64_t step = checkpoint_->meta()["next_step"];
+  loader_->set_sample_offset(checkpoint_->meta().value("data_offset", uint64_t{0}));
   if (chatty())
     std::printf("loom: resumed from %s (step %lld)\n", checkpoint_->dir().c_str(),
                 static_cast<long long>(step));
@@ -158,10 +169,17 @@ void Trainer::save(int64_t next_step) {
                                  {"pp_schedule", cfg_.pp_schedule},
                                  {"pp_virtual_stages", cfg_.pp_virtual_stages},
                                  {"zero", cfg_.zero}};
-  nlohmann::json meta = {{"next_step", next_step},   {"loader_step", next_step},
-                         {"seed", cfg_.seed},        {"model", model_cfg_.to_json()},
-                         {"config", cfg_.to_toml()}, {"layout", layout},
-                         {"dtype", cfg_.dtype}};
+  nlohmann::json meta = {{"next_step", next_step},
+                         {"loader_step", next_step},
+                         {"seed", cfg_.seed},
+                         {"model", model_cfg_.to_json()},
+                         {"config", cfg_.to_toml()},
+                         {"layout", layout},
+                         {"dtype", cfg_.dtype},
+                         // The data's position past a rewind, and whether the step before
+                         // this save was finite (ckpt.keep counts only finite ones).
+                         {"data_offset", loader_->sample_offset()},
+                         {"finite", !health_.bad()}};
   TraceSpan span("checkpoint", "checkpoint");
   ckpt::SaveOptions so;
   so.root = cfg_.run_dir + "/ckpt";
@@ -294,29 +312,106 @@ float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop
   double norm;
   {
     TraceSpan span("gradients", "compute");  // the last reductions and the norm
-    norm = step_->finish_gradients();
+    step_->finish_reductions();
+    poison_for_test(step);
+    norm = step_->grad_norm();
   }
   *grad_norm = norm;
+  // The mean loss over the data-parallel replicas (the last pipeline stage computes it, the
+  // tensor-parallel ranks of a stage the same value, other stages report 0), whether any
+  // rank was asked to stop (every rank must stop after the same step, or the checkpoint
+  // they save together would not match) and whether any rank's gradient norm is not finite
+  // (a replica's own gradients are not reduced into the others' norm): one allreduce,
+  // before the update, so that every rank takes the same decision on it.
+  const auto sums = world_sum({loss_sum / static_cast<double>(cfg_.grad_accum),
+                               g_stop_signal.load() ? 1.0 : 0.0, std::isfinite(norm) ? 0.0 : 1.0});
+  *stop = sums[1] > 0;
+  const float loss = static_cast<float>(sums[0] / (mesh_->dp() * mesh_->tp()));
+  health_ = guard_->judge(loss, sums[2] > 0);
   const float clip = cfg_.grad_clip > 0 && norm > cfg_.grad_clip
                          ? static_cast<float>(cfg_.grad_clip / norm)
                          : 1.0f;
   const auto optim_start = Clock::now();
   fb_s_ = std::chrono::duration<double>(optim_start - fb_start).count();
   fb_comm_s_ = dp_->comm_wait_s() - comm_before;
-  {
+  if (!health_.bad()) {  // a bad step's update is never applied, whatever the policy
     TraceSpan span("optimizer", "optimizer");
     dp_->optimizer_step(clip, lr, cfg_.adamw(), step + 1);
   }
   optim_s_ = std::chrono::duration<double>(Clock::now() - optim_start).count();
   optim_comm_s_ = dp_->comm_wait_s() - comm_before - fb_comm_s_;
-  // The mean loss over the data-parallel replicas (the last pipeline stage computes it, the
-  // tensor-parallel ranks of a stage the same value, other stages report 0), and whether
-  // any rank was asked to stop (every rank must stop after the same step, or the
-  // checkpoint they save together would not match).
-  const auto sums = world_sum(
-      {loss_sum / static_cast<double>(cfg_.grad_accum), g_stop_signal.load() ? 1.0 : 0.0});
-  *stop = sums[1] > 0;
-  return static_cast<float>(sums[0] / (mesh_->dp() * mesh_->tp()));
+  return loss;
+}
+
+// LOOM_TEST_POISON_GRAD=STEP:RANK: a NaN in one gradient element of one rank, once the
+// gradients are final (the non-finite tests; docs/errors.md).
+void Trainer::poison_for_test(int64_t step) {
+  static const std::string spec = kPoisonGrad.get();
+  if (spec.empty()) return;
+  long long at = 0;
+  int rank = 0;
+  if (std::sscanf(spec.c_str(), "%lld:%d", &at, &rank) != 2)
+    throw UserError("LOOM_TEST_POISON_GRAD=" + spec + " is not STEP:RANK", "e.g. 3:1, or unset it");
+  static bool fired = false;  // once: a rewound run passes the step again, clean
+  if (at != step + 1 || rank != rank_ || fired) return;
+  fired = true;
+  for (int u = 0; u < model_->num_units(); ++u)
+    if (dp_->unit_grad_size(u) > 0) {
+      dp_->unit_grad(u)[0] = std::numeric_limits<float>::quiet_NaN();
+      return;
+    }
+}
+
+// After a step with non-finite gradients, on every rank: where the NaN or infinity is —
+// the first unit (then tensor) over all ranks that hold one, and which rank saw it.
+std::string Trainer::locate_nonfinite() {
+  const auto mine = dp_->first_nonfinite_grad();
+  const std::vector<model::Tensor>& ts = model_->tensors();
+  double key = 1e18;  // unit-major, then tensor: the smallest is the first in the model
+  if (mine) {
+    const auto it = std::find_if(ts.begin(), ts.end(),
+                                 [&](const model::Tensor& t) { return t.name == mine->second; });
+    key = static_cast<double>(mine->first) * 1e6 + static_cast<double>(it - ts.begin());
+  }
+  const std::vector<double> all = world_gather({key});
+  const auto first = std::min_element(all.begin(), all.end());
+  if (*first >= 1e18) return "";  // the norm overflowed, no element did
+  const auto unit = static_cast<int64_t>(*first / 1e6);
+  const auto tensor = static_cast<size_t>(*first - static_cast<double>(unit) * 1e6);
+  const int L = model_cfg_.n_layer;
+  const std::string what = unit == 0       ? "the embeddings"
+                           : unit == L + 1 ? "the final LayerNorm"
+                                           : "block " + std::to_string(unit - 1);
+  return "first in " + what + ", tensor " + ts[tensor].name + ", on rank " +
+         std::to_string(first - all.begin());
+}
+
+// train.on_nonfinite = rewind: back to the newest finite checkpoint, the data moved past
+// the window that diverged. Returns the step to continue from, or -1 when there is no
+// checkpoint to go back to.
+int64_t Trainer::rewind(int64_t step, const std::string& what) {
+  const std::string dir = ckpt::latest_finite(cfg_.run_dir + "/ckpt");
+  if (dir.empty()) return -1;
+  const ckpt::Reader r(dir);
+  dp_->load(r);
+  step_->check_replicas("the weights rewound to", true);
+  // The data from the checkpoint on moves past the window read since it (through the failed
+  // step) and one global batch more, or train.rewind_skip_samples. The window is in the
+  // stream the run followed since the checkpoint: the current offset's (an earlier rewind
+  // to the same checkpoint moved it already; a later checkpoint recorded it).
+  const int64_t back = r.meta()["next_step"];
+  const uint64_t skip = cfg_.rewind_skip_samples > 0
+                            ? static_cast<uint64_t>(cfg_.rewind_skip_samples)
+                            : static_cast<uint64_t>(step + 2 - back) * cfg_.global_batch;
+  loader_->set_sample_offset(loader_->sample_offset() + skip);
+  if (chatty())
+    std::printf(
+        "loom: %s; rewound to %s (step %lld), the data moved on by %llu samples (rewind %lld "
+        "of %lld, train.on_nonfinite = rewind)\n",
+        what.c_str(), dir.c_str(), static_cast<long long>(back),
+        static_cast<unsigned long long>(skip), static_cast<long long>(guard_->rewinds()),
+        static_cast<long long>(cfg_.max_rewinds));
+  return back;
 }
 
 // Each data-parallel replica evaluates every dp-th batch; rounds stay in step on all ranks
@@ -486,6 +581,8 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
   if (rank_ != 0) return;
   const double tokens = static_cast<double>(cfg_.global_batch) * cfg_.seq_len;
   const double tps = tokens / step_s;
+  const auto skipped = static_cast<double>(guard_->skipped());
+  const auto rewinds = static_cast<double>(guard_->rewinds());
   const double mfu =
       model_cfg_.flops_per_token(static_cast<int>(cfg_.seq_len)) * tps / (peak_gflops_ * 1e9);
   const std::vector<std::pair<mf::ScalarField, double>> job = {{mf::kLoss, loss},
@@ -494,7 +591,9 @@ void Trainer::log_step(int64_t step, float loss, double lr, double grad_norm, do
                                                                {mf::kStepMs, step_s * 1e3},
                                                                {mf::kCommWaitMs, comm_wait_ms},
                                                                {mf::kTokensPerS, tps},
-                                                               {mf::kMfu, mfu}};
+                                                               {mf::kMfu, mfu},
+                                                               {mf::kSkippedSteps, skipped},
+                                                               {mf::kRewinds, rewinds}};
   nlohmann::json j = {{mf::kStep, step + 1}};
   std::vector<std::pair<std::string, double>> scalars;
   for (const auto& [field, value] : job) {
@@ -794,6 +893,8 @@ int Trainer::loop() {
   std::signal(SIGTERM, on_stop_signal);
   started_ = Clock::now();
   Trace::get().enable(cfg_.profile);
+  guard_.emplace(parse_on_nonfinite(cfg_.on_nonfinite), cfg_.max_skips, cfg_.max_rewinds,
+                 cfg_.spike_factor);
   const optim::LrSchedule schedule = cfg_.schedule(peak_lr_);
   int64_t saved_at = first_step_;
   dp_->reset_comm_wait();
@@ -808,7 +909,26 @@ int Trainer::loop() {
       loss = train_step(step, lr, &norm, &stop);
     }
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    DivergenceGuard::Action action = guard_->decide(health_, loss);
     log_step(step, loss, lr, norm, dt);
+    if (health_.bad()) {
+      const std::string where = health_.grads_finite ? "" : locate_nonfinite();
+      const std::string what = "step " + std::to_string(step + 1) + ": " +
+                               health_.what(loss, cfg_.spike_factor) +
+                               (where.empty() ? "" : " (" + where + ")");
+      if (action == DivergenceGuard::Action::kRewind) {
+        const int64_t back = rewind(step, what);
+        if (back < 0) action = guard_->no_checkpoint();
+        if (back >= 0) {
+          step = back - 1;  // the loop's ++ makes it `back`
+          continue;
+        }
+      }
+      if (action == DivergenceGuard::Action::kStop) return stop_diverged(what);
+      if (chatty())
+        std::printf("loom: %s; update skipped (%lld skipped so far, train.on_nonfinite = skip)\n",
+                    what.c_str(), static_cast<long long>(guard_->skipped()));
+    }
     if (cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) run_evaluations(step + 1, true);
     // eval.task without eval.every: once, after the last step.
     if (cfg_.eval_every == 0 && !task_.empty() && step + 1 == cfg_.steps)
@@ -832,6 +952,22 @@ int Trainer::loop() {
   write_trace();
   if (opt_.plan) plan_check();
   return 0;
+}
+
+// A bad step that the policy does not survive: every rank prints the one line (and the
+// hint) and exits kExitDiverged, writing no checkpoint.
+int Trainer::stop_diverged(const std::string& what) {
+  if (tb_) tb_->flush();
+  write_trace();
+  const std::string last = ckpt::latest_finite(cfg_.run_dir + "/ckpt");
+  std::fprintf(stderr,
+               "loom: error: training diverged at %s; stopped without saving (%s); the last "
+               "good checkpoint is %s\nhint: resume from it with --resume after lowering "
+               "optim.lr or raising optim.warmup_steps, or set train.on_nonfinite = skip or "
+               "rewind (docs/errors.md)\n",
+               what.c_str(), guard_->why_stop().c_str(),
+               last.empty() ? "none (none was saved yet)" : last.c_str());
+  return kExitDiverged;
 }
 
 // --plan: the planner's prediction for this very layout (plan/planner.h), next to what the

@@ -31,6 +31,7 @@
 #include "loom/parallel/tensor_parallel.h"
 #include "loom/profile/system_sampler.h"
 #include "loom/train/config.h"
+#include "loom/train/divergence.h"
 #include "loom/train/evaluate.h"
 #include "loom/train/step_metrics.h"
 #include "loom/train/tensorboard.h"
@@ -83,6 +84,11 @@ class Trainer {
   void write_trace();
   void save(int64_t next_step);
   void log_step(int64_t step, float loss, double lr, double grad_norm, double step_s);
+  // The non-finite / spike handling (train/divergence.h).
+  void poison_for_test(int64_t step);
+  std::string locate_nonfinite();
+  int64_t rewind(int64_t step, const std::string& what);
+  int stop_diverged(const std::string& what);
   RankMetrics rank_metrics(double comm_wait_ms, double tp_comm_ms);
   bool chatty() const { return !opt_.quiet && (rank_ == 0 || all_ranks_log_); }
   // Small collectives for the loop (timed as communication): a sum over every rank, a
@@ -133,6 +139,10 @@ class Trainer {
   std::vector<train::ChoiceItem> task_;  // eval.task's items
   std::shared_ptr<const data::Gpt2Tokenizer> tokenizer_;
   std::optional<ckpt::Reader> checkpoint_;  // the one to resume from, if any
+
+  // The numerics policy and the last step's verdict.
+  std::optional<DivergenceGuard> guard_;
+  StepHealth health_;
 
   // The outputs.
   std::unique_ptr<TensorBoardWriter> tb_;
