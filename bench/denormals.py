@@ -23,7 +23,11 @@ p.add_argument("--steps", type=int, default=12)
 p.add_argument("--model", default="tiny")
 a = p.parse_args()
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "tiny.toml")
-RUNS = [("healthy", []), ("spiking (lr 10, no clip)", ["--set", "optim.lr=10", "--set", "optim.grad_clip=0"])]
+# The spiking run keeps training through non-finite steps (skipping their updates) rather
+# than stopping at the first one (train.on_nonfinite's default).
+RUNS = [("healthy", []), ("spiking (lr 10, no clip)", ["--set", "optim.lr=10", "--set", "optim.grad_clip=0",
+                                                      "--set", "train.on_nonfinite=skip",
+                                                      "--set", "train.max_skips=100000"])]
 
 
 def step_ms(flush, extra):
