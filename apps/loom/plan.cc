@@ -20,7 +20,7 @@ std::function<int()> add_plan_command(CLI::App& app) {
   struct Args {
     std::string model = "gpt2-124m", device = "cpu", out;
     int seq = 0, nodes = 1, per_node = 0, global_batch = 0, top = 10, pick = 1, layers = 0,
-        hidden = 0, heads = 0;
+        hidden = 0, heads = 0, vocab = 0, context = 0;
     bool flash = false, bf16 = false;
   };
   auto a = std::make_shared<Args>();
@@ -32,6 +32,8 @@ std::function<int()> add_plan_command(CLI::App& app) {
   p->add_option("--layers", a->layers, "override the model's layers");
   p->add_option("--hidden", a->hidden, "override the model's hidden size");
   p->add_option("--heads", a->heads, "override the model's heads");
+  p->add_option("--vocab", a->vocab, "override the model's vocabulary (padded to a multiple of 128)");
+  p->add_option("--context", a->context, "override the model's context (longest sequence)");
   p->add_option("--seq", a->seq, "sequence length (default: the model's context)");
   p->add_option("--nodes", a->nodes, "machines (default 1)");
   p->add_option("--per-node", a->per_node,
@@ -49,11 +51,24 @@ std::function<int()> add_plan_command(CLI::App& app) {
     if (a->layers > 0) g.n_layer = a->layers;
     if (a->hidden > 0) g.n_embd = a->hidden;
     if (a->heads > 0) g.n_head = a->heads;
+    if (a->vocab > 0) g.vocab_size = a->vocab, g.padded_vocab_size = (a->vocab + 127) / 128 * 128;
+    if (a->context > 0) g.block_size = a->context;
+    // A changed shape is a model of its own: named by its layers and hidden size, never
+    // after the model it started from.
+    const bool custom =
+        a->layers > 0 || a->hidden > 0 || a->heads > 0 || a->vocab > 0 || a->context > 0;
+    if (custom) g.name = "custom " + std::to_string(g.n_layer) + "x" + std::to_string(g.n_embd);
     g.validate();
     if (a->seq > g.block_size)
-      throw UserError("--seq " + std::to_string(a->seq) + " exceeds " + a->model + "'s context " +
+      throw UserError("--seq " + std::to_string(a->seq) + " exceeds " + g.name + "'s context " +
                           std::to_string(g.block_size),
-                      "use --seq " + std::to_string(g.block_size) + " or less");
+                      "use --seq " + std::to_string(g.block_size) +
+                          " or less, or give the model a longer context with --context " +
+                          std::to_string(a->seq));
+    if (custom && !a->out.empty())
+      throw UserError("--out writes a config for `loom train`, which trains the named models only",
+                      "drop --out, or plan a named model (--model tiny, small, gpt2-124m ... "
+                      "gpt2-1558m) without --layers/--hidden/--heads/--vocab/--context");
     plan::ModelShape m = plan::model_shape(g, a->seq > 0 ? a->seq : g.block_size);
     m.flash_attention = a->flash;
     if (a->global_batch < 1 || a->nodes < 1 || a->top < 1)

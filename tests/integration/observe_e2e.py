@@ -354,6 +354,20 @@ def plan():
     p = run([LOOM, "plan", "--model", "tiny", "-b", "8", "--device", "v100"], expect_rc=2)
     if "hint:" not in p.stderr:
         fail("an unknown device should fail with a hint: %r" % p.stderr)
+    # A model described by its shape alone (GPT-3 175B's) is named by it, at its own context.
+    gpt3 = ["--layers", "96", "--hidden", "12288", "--heads", "96", "--context", "2048",
+            "--nodes", "128", "--device", "a100-80", "-b", "1536", "--top", "1"]
+    out = run([LOOM, "plan", *gpt3, "--seq", "2048"]).stdout
+    if "custom 96x12288" not in out or "seq 2048" not in out or "gpt2" in out:
+        fail("a custom shape should be named 'custom 96x12288' at seq 2048: " + out)
+    p = run([LOOM, "plan", *gpt3[:6], "--seq", "2048", "-b", "8", "--device", "a100-80"],
+            expect_rc=2)
+    if "--context 2048" not in p.stderr:
+        fail("--seq past the context should suggest --context: " + p.stderr)
+    p = run([LOOM, "plan", *gpt3, "--out", os.path.join(WORK, "custom.toml")], expect_rc=2)
+    if "named models" not in p.stderr or os.path.exists(os.path.join(WORK, "custom.toml")):
+        fail("--out of a custom shape should be refused before writing: " + p.stderr)
+    print("ok  a custom shape:", out.splitlines()[0])
 
 
 {"watchdog": watchdog, "timeline": timeline, "report": report, "plan": plan}[MODE]()
