@@ -32,7 +32,8 @@ std::function<int()> add_plan_command(CLI::App& app) {
   p->add_option("--layers", a->layers, "override the model's layers");
   p->add_option("--hidden", a->hidden, "override the model's hidden size");
   p->add_option("--heads", a->heads, "override the model's heads");
-  p->add_option("--vocab", a->vocab, "override the model's vocabulary (padded to a multiple of 128)");
+  p->add_option("--vocab", a->vocab,
+                "override the model's vocabulary (padded to a multiple of 128)");
   p->add_option("--context", a->context, "override the model's context (longest sequence)");
   p->add_option("--seq", a->seq, "sequence length (default: the model's context)");
   p->add_option("--nodes", a->nodes, "machines (default 1)");
