@@ -287,8 +287,21 @@ def resume():
     out, err = p.communicate(timeout=60)
     if p.returncode != 130:
         fail("SIGINT: loom run exited %d, expected 130\n%s" % (p.returncode, err[-2000:]))
-    train(d, 2, "--set", "train.zero=3", "--resume")
+    # It saved: the step it names has a checkpoint, the metrics end there, and the resumed
+    # run starts from it (a SIGINT that saved nothing would resume from scratch and still
+    # give the same losses).
+    m = re.search(r"stopped by a signal after step (\d+); checkpoint saved", out + err)
+    if not m:
+        fail("SIGINT: no 'stopped by a signal after step N; checkpoint saved' line:\n" + out + err)
+    n = int(m.group(1))
+    if not os.path.isdir(os.path.join(d, "ckpt", "step_%08d" % n)) or max(losses(d)) != n:
+        fail("SIGINT: no checkpoint of step %d, or the metrics do not end there" % n)
+    resumed = run([LOOM, "run", "-n", "2", LOOM] +
+                  [a for a in train_args(d, "--set", "train.zero=3", "--resume") if a != "--quiet"])
+    if "(step %d)" % n not in resumed.stdout or "resumed from" not in resumed.stdout:
+        fail("the run after SIGINT should resume from step %d:\n%s" % (n, resumed.stdout[-2000:]))
     compare("SIGINT then --resume", losses(d), want, TOL)
+    print("ok  SIGINT saved step %d, --resume continued from it" % n)
 
 
 def run_ranks(what, cmd, envs):

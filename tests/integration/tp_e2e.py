@@ -88,6 +88,13 @@ def equivalence():
     T.train(b1, 1, "--set", "train.dtype=bf16")
     T.train(b2, 2, *tp_set(2, 1, "--set", "train.dtype=bf16"))
     compare("tp=2 bf16 vs one process bf16", losses(b2), losses(b1), tol=1e-4)
+    # ... and not fp32's losses: an ignored train.dtype = bf16 would pass the comparison
+    # above (both runs in fp32 agree to ~1e-7), so bf16's rounding must show.
+    fp32 = losses(base_dir)
+    moved = max(abs(losses(b1)[s] - fp32[s]) / abs(fp32[s]) for s in fp32)
+    if moved < 1e-5:
+        fail("train.dtype = bf16 gave fp32's losses (max rel diff %.1e): bf16 was not used" % moved)
+    print("ok  bf16 differs from fp32 by %.1e (max relative over the steps)" % moved)
 
     # The first log line names the layout (rank 0 prints it).
     d = os.path.join(WORK, "eq_log")

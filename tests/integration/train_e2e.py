@@ -234,6 +234,11 @@ def check_bf16():
         return sum(ls[-20:]) / 20, ls[0]
     f32, f32_first = final("fp32")
     b16, _ = final("bf16")
+    # An ignored train.dtype = bf16 would give fp32's very losses: bf16 must differ.
+    per_step = [[m["loss"] for m in metrics(os.path.join(WORK, "run_" + d)) if "loss" in m]
+                for d in ("fp32", "bf16")]
+    if per_step[0] == per_step[1]:
+        fail("train.dtype = bf16 gave fp32's losses bit for bit: bf16 was not used")
     rel = abs(b16 - f32) / f32
     print(f"bf16: mean loss of steps 181-200 {b16:.4f} vs fp32 {f32:.4f} (from {f32_first:.3f}): {100 * rel:.2f}%")
     if not f32 < 0.8 * f32_first:

@@ -134,6 +134,15 @@ TEST(Generate, PastTheWindow) {
   const auto got = generate(model(), prompts, 300, greedy(), true, kEot);
   ASSERT_EQ(got[0].size(), 300u);
   EXPECT_TRUE(std::equal(full[0].begin(), full[0].end(), got[0].begin()));
+  // The 29th new token fills the cache (128 positions); it restarts from the last 64 tokens,
+  // so the next 64 are what the full-window reference makes from those 64 alone.
+  std::vector<int> ids = prompts[0];
+  ids.insert(ids.end(), got[0].begin(), got[0].begin() + 29);
+  const std::vector<std::vector<int>> tail = {std::vector<int>(ids.end() - 64, ids.end())};
+  const auto after = generate(model(), tail, 64, greedy(), false, kEot);
+  ASSERT_EQ(after[0].size(), 64u);
+  EXPECT_TRUE(std::equal(after[0].begin(), after[0].end(), got[0].begin() + 29))
+      << "the tokens after the cache restarted differ from the reference";
   // A prompt longer than the window: both read its last 128 tokens for the first token;
   // then the cache, full, restarts from the last 64.
   const std::vector<std::vector<int>> longer = {prompt(300, 7)};
