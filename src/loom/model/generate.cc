@@ -137,6 +137,11 @@ const float* KvDecoder::forward(int R, const int* seq, const int* pos, const int
   kernels::Buffer<int>&seq_d = rows_[0], &pos_d = rows_[1], &tok_d = rows_[2], &len_d = rows_[3];
   seq_d.from_host(seq, R), pos_d.from_host(pos, R), tok_d.from_host(tok, R);
   backend_->embed_rows(x_.data(), tok_d.data(), pos_d.data(), wte_, wpe_, R, C);
+  if (!from_start) {  // each row's cached length, the same in every layer
+    std::vector<int> n(R);
+    for (int r = 0; r < R; ++r) n[r] = pos[r] + 1;
+    len_d.from_host(n.data(), R);
+  }
   for (int l = 0; l < cfg_.n_layer; ++l) {
     auto w = [&](Gpt::BlockTensor t) { return model_.block_param(l, t); };
     backend_->layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w(Gpt::kLn1w),
@@ -151,12 +156,11 @@ const float* KvDecoder::forward(int R, const int* seq, const int* pos, const int
     } else {  // row r (position p) attends to positions 0..p of its sequence in the cache
       att_.resize(static_cast<size_t>(R) * NH * ctx);
       std::vector<const float*> kr(R), vr(R);
-      std::vector<int> n(R);
       for (int r = 0; r < R; ++r) {
         const size_t seq_at = static_cast<size_t>(seq[r]) * NH * ctx * hs;
-        kr[r] = kc + seq_at, vr[r] = vc + seq_at, n[r] = pos[r] + 1;
+        kr[r] = kc + seq_at, vr[r] = vc + seq_at;
       }
-      kv_[0].from_host(kr.data(), R), kv_[1].from_host(vr.data(), R), len_d.from_host(n.data(), R);
+      kv_[0].from_host(kr.data(), R), kv_[1].from_host(vr.data(), R);
       backend_->attention_decode(atty_.data(), att_.data(), qkv_.data(), kv_[0].data(),
                                  kv_[1].data(), len_d.data(), R, C, NH, ctx);
     }
