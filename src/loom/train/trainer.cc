@@ -840,11 +840,11 @@ int Trainer::loop() {
                                (where.empty() ? "" : " (" + where + ")");
       if (action == DivergenceGuard::Action::kRewind) {
         const int64_t back = rewind(step, what);
-        if (back < 0) action = guard_->no_checkpoint();
         if (back >= 0) {
           step = back - 1;  // the loop's ++ makes it `back`
           continue;
         }
+        action = guard_->no_checkpoint();
       }
       if (action == DivergenceGuard::Action::kStop) return stop_diverged(what);
       if (chatty())
