@@ -16,6 +16,7 @@
 #include "loom/comm/store/store.h"
 #include "loom/core/deadline.h"
 #include "loom/core/log.h"
+#include "loom/core/signals.h"
 #include "loom/core/tunable.h"
 #include "loom/profile/trace.h"
 
@@ -62,6 +63,7 @@ class Watchdog {
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
     ::sigaction(SIGUSR1, &sa, nullptr);
+    on_signal(SIGUSR1, on_usr1);  // where the process routes it (core/signals.h)
     thread_ = std::thread([this] { loop(); });
   }
 

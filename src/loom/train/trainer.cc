@@ -21,6 +21,7 @@
 #include "loom/core/cpus.h"
 #include "loom/core/error.h"
 #include "loom/core/file.h"
+#include "loom/core/signals.h"
 #include "loom/core/state_memory.h"
 #include "loom/core/stats.h"
 #include "loom/data/loader.h"
@@ -48,10 +49,7 @@ using Clock = Trainer::Clock;
 
 namespace {
 
-std::atomic<int> g_stop_signal{0};  // set by the signal handler, read at step boundaries
-extern "C" void on_stop_signal(int sig) {
-  g_stop_signal.store(sig);
-}
+std::atomic<int> g_stop_signal{0};  // set by the signal thread, read at step boundaries
 
 std::string format_duration(double seconds) {
   const int64_t s = static_cast<int64_t>(seconds + 0.5);
@@ -811,8 +809,7 @@ void Trainer::print_banner() const {
 // The steps, each followed by its metrics, the evaluations and checkpoints due after it;
 // a stop signal ends the loop at the next step boundary with a checkpoint.
 int Trainer::loop() {
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
+  for (int sig : {SIGINT, SIGTERM}) on_signal(sig, [](int s) { g_stop_signal.store(s); });
   started_ = Clock::now();
   Trace::get().enable(cfg_.profile);
   guard_.emplace(parse_on_nonfinite(cfg_.on_nonfinite), cfg_.max_skips, cfg_.max_rewinds,
@@ -963,6 +960,8 @@ void Trainer::plan_check() {
 }
 
 int train(TrainConfig cfg, const TrainOptions& opt) {
+  // Before the first thread (communicators, OpenMP, the loader) starts: core/signals.h.
+  route_signals({SIGINT, SIGTERM, SIGUSR1});
   Trainer t(std::move(cfg), opt);
   return t.run();
 }
