@@ -74,6 +74,31 @@ def losses(run_dir):
     return {m["step"]: m["loss"] for m in metrics(run_dir) if "loss" in m}
 
 
+def copy_for_resume(ref, d, at=10, drop=20):
+    """Copies run ref to d without its step-`drop` checkpoint, for a --resume from step `at`.
+    The copied metrics after `at` get a loss of -1: the resumed run must truncate them and
+    write its own, so a resume that trains nothing, or leaves the copied lines, fails the
+    comparison instead of comparing the reference with itself."""
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(ref, d)
+    shutil.rmtree(os.path.join(d, "ckpt", "step_%08d" % drop))
+    lines = metrics(d)
+    for m in lines:
+        if m.get("step", 0) > at and "loss" in m:
+            m["loss"] = -1.0
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        f.write("".join(json.dumps(m) + "\n" for m in lines))
+
+
+def resumed_losses(d):
+    """Run d's losses after a resume, each step logged once (a resume truncates the metrics
+    to its checkpoint's step before appending)."""
+    steps = [m["step"] for m in metrics(d) if "loss" in m]
+    if len(steps) != len(set(steps)):
+        fail("%s/metrics.jsonl: steps logged twice after the resume: %s" % (d, steps))
+    return losses(d)
+
+
 def compare(name, got, want, tol=TOL, steps=None):
     """Per-step losses got vs want within tol relative (over `steps`, default all of want)."""
     steps = steps or sorted(want)
@@ -271,12 +296,10 @@ class Trainer:
         checkpoint and resumes from step 10 on n ranks with `extra`; steps 11-20 must have
         the losses `want` within tol. Returns the resumed run's losses."""
         d = os.path.join(work, "rs_" + re.sub(r"\W+", "_", name))
-        shutil.rmtree(d, ignore_errors=True)
-        shutil.copytree(ref, d)
-        shutil.rmtree(os.path.join(d, "ckpt", "step_00000020"))
+        copy_for_resume(ref, d)
         self.train(d, n, "--set", "ckpt.every=10", "--resume", *extra)
         later = list(range(11, 21))
-        got = losses(d)
+        got = resumed_losses(d)
         compare(name, {s: got[s] for s in later}, want, tol, later)
         return got
 

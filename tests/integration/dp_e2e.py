@@ -25,9 +25,9 @@ import signal
 import subprocess
 import sys
 
-from common import (SANITIZED, TOL, Trainer, children, compare, fail, free_port,  # noqa: E402
-                    kill_rank, losses, metrics, prepare_data, rank_pid, run, sanitized_cases,
-                    tree_digest, wait_for)
+from common import (SANITIZED, TOL, Trainer, children, compare, copy_for_resume,  # noqa: E402
+                    fail, free_port, kill_rank, losses, metrics, prepare_data, rank_pid,
+                    resumed_losses, run, sanitized_cases, tree_digest, wait_for)
 
 LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -171,11 +171,9 @@ def resume():
     later = list(range(11, 21))
     for n, zero, tol in ((2, 1, TOL), (1, 0, TOL), (4, 3, 0.0), (2, 3, TOL)):
         d = os.path.join(WORK, "rs_%d_%d" % (n, zero))
-        shutil.rmtree(d, ignore_errors=True)
-        shutil.copytree(ref, d)
-        shutil.rmtree(os.path.join(d, "ckpt", "step_00000020"))
+        copy_for_resume(ref, d)
         train(d, n, "--set", "train.zero=%d" % zero, "--set", "ckpt.every=10", "--resume")
-        got = losses(d)
+        got = resumed_losses(d)
         compare("resume 4 ranks zero 3 -> %d ranks zero %d" % (n, zero),
                 {s: got[s] for s in later}, want, tol, later)
         if tol == 0.0 and any(got[s] != want[s] for s in want):
@@ -203,9 +201,7 @@ def resume():
              os.listdir(ck))
     # ... and with one complete checkpoint present, a killed second save leaves it intact.
     d2 = os.path.join(WORK, "rs_killsave2")
-    shutil.rmtree(d2, ignore_errors=True)
-    shutil.copytree(ref, d2)
-    shutil.rmtree(os.path.join(d2, "ckpt", "step_00000020"))
+    copy_for_resume(ref, d2)
     p = subprocess.Popen([LOOM, "run", "-n", "2", LOOM] +
                          train_args(d2, "--set", "train.zero=1", "--set", "ckpt.every=10",
                                     "--resume"),
@@ -220,7 +216,8 @@ def resume():
     if complete != ["step_00000010"]:
         fail("after a kill during the step-20 save, expected only step_00000010: %s" % complete)
     train(d2, 2, "--set", "train.zero=1", "--resume")
-    compare("resume after a kill during save", {s: losses(d2)[s] for s in later}, want, TOL, later)
+    got = resumed_losses(d2)
+    compare("resume after a kill during save", {s: got[s] for s in later}, want, TOL, later)
 
     # kill -9 of one rank mid-step: the job ends, naming the rank.
     d = os.path.join(WORK, "rs_killrank")

@@ -94,17 +94,18 @@ TEST(ShmFutex, AWaitingRankSleepsAndIsWoken) {
 // sender's buffer (plain loads: the ranks share an address space).
 TEST(ReadInPlace, ThreadRanksOverSharedMemory) {
   ::setenv("LOOM_SHM_SINGLE_COPY", "1", 1);
-  const uint64_t before = comm::ShmPair::bytes_read_in_place();
   for (int n : {2, 3, 5}) {
     std::string name = "in-place-" + std::to_string(n);
+    const uint64_t before = comm::ShmPair::bytes_read_in_place();
     std::vector<size_t> counts{0, 1, 7, 1031, static_cast<size_t>(n) * 13 + 3};
     run_ranks(n, Layout::kShm, name, [&](Communicator& c) {
       int wrong = sweep(c, counts, name, [](const std::string& m) { ADD_FAILURE() << m; });
       EXPECT_EQ(wrong, 0) << name << " rank " << c.rank();
     });
+    EXPECT_GT(comm::ShmPair::bytes_read_in_place(), before)
+        << name << ": the counter must move in every layout";
   }
   ::unsetenv("LOOM_SHM_SINGLE_COPY");
-  EXPECT_GT(comm::ShmPair::bytes_read_in_place(), before);
 }
 
 // Shared buffers (alloc_shared): every buffer of the sweep lies in one, so every message of
@@ -113,19 +114,20 @@ TEST(ReadInPlace, ThreadRanksOverSharedMemory) {
 TEST(SharedBuffers, SweepReadsInPlace) {
   ::setenv("LOOM_SHM_SHARED_MIN", "1", 1);
   ::setenv("LOOM_SHM_SHARED_MIN_ALLREDUCE", "1", 1);
-  const uint64_t before = comm::ShmPair::bytes_read_in_place();
   for (auto [layout, n] :
        {std::pair{Layout::kShm, 2}, {Layout::kShm, 3}, {Layout::kShm, 5}, {Layout::kHier, 4}}) {
     std::string name = std::string("shared-") + layout_name(layout) + std::to_string(n);
+    const uint64_t before = comm::ShmPair::bytes_read_in_place();
     std::vector<size_t> counts{0, 1, 7, 1031, static_cast<size_t>(n) * 13 + 3};
     run_ranks(n, layout, name, [&](Communicator& c) {
       int wrong = sweep_shared(c, counts, name, [](const std::string& m) { ADD_FAILURE() << m; });
       EXPECT_EQ(wrong, 0) << name << " rank " << c.rank();
     });
+    EXPECT_GT(comm::ShmPair::bytes_read_in_place(), before)
+        << name << ": the counter must move in every layout";
   }
   ::unsetenv("LOOM_SHM_SHARED_MIN");
   ::unsetenv("LOOM_SHM_SHARED_MIN_ALLREDUCE");
-  EXPECT_GT(comm::ShmPair::bytes_read_in_place(), before);
 }
 
 // TCP send threads (LOOM_TCP_SEND_THREAD=1): every payload of the sweep is written by the
@@ -134,9 +136,9 @@ TEST(SharedBuffers, SweepReadsInPlace) {
 // reducing allreduce.
 TEST(TcpSendThread, SweepWithEveryPayloadOnTheThread) {
   ::setenv("LOOM_TCP_SEND_THREAD", "1", 1);
-  const uint64_t before = comm::TcpPair::bytes_sent_by_thread();
   for (auto [layout, n] : {std::pair{Layout::kTcp, 2}, {Layout::kTcp, 3}, {Layout::kHier, 4}}) {
     std::string name = std::string("sendthread-") + layout_name(layout) + std::to_string(n);
+    const uint64_t before = comm::TcpPair::bytes_sent_by_thread();
     std::vector<size_t> counts{0, 1, 7, 1031, static_cast<size_t>(n) * 13 + 3};
     run_ranks(n, layout, name, [&](Communicator& c) {
       int wrong = sweep(c, counts, name, [](const std::string& m) { ADD_FAILURE() << m; });
@@ -158,9 +160,10 @@ TEST(TcpSendThread, SweepWithEveryPayloadOnTheThread) {
           break;
         }
     });
+    EXPECT_GT(comm::TcpPair::bytes_sent_by_thread(), before)
+        << name << ": the counter must move in every layout";
   }
   ::unsetenv("LOOM_TCP_SEND_THREAD");
-  EXPECT_GT(comm::TcpPair::bytes_sent_by_thread(), before);
 }
 
 // Non-temporal copies (LOOM_STREAMING_COPY_MIN=1: every operation streams its plain copies
@@ -171,10 +174,10 @@ TEST(StreamingCopies, SweepWithEveryMessageStreamed) {
   ::setenv("LOOM_STREAMING_COPY_MIN", "1", 1);
   ::setenv("LOOM_SHM_SHARED_MIN", "1", 1);
   ::setenv("LOOM_SHM_SHARED_MIN_ALLREDUCE", "1", 1);
-  const uint64_t before = comm::bytes_streamed();
   for (auto [layout, n] :
        {std::pair{Layout::kShm, 2}, {Layout::kShm, 3}, {Layout::kTcp, 2}, {Layout::kHier, 4}}) {
     std::string name = std::string("streaming-") + layout_name(layout) + std::to_string(n);
+    const uint64_t before = comm::bytes_streamed();
     std::vector<size_t> counts{0, 1, 7, 1031, static_cast<size_t>(n) * 13 + 3};
     std::vector<size_t> heap_counts = counts;
     heap_counts.push_back(70001);  // several ring chunks per message
@@ -183,11 +186,11 @@ TEST(StreamingCopies, SweepWithEveryMessageStreamed) {
       wrong += sweep_shared(c, counts, name, [](const std::string& m) { ADD_FAILURE() << m; });
       EXPECT_EQ(wrong, 0) << name << " rank " << c.rank();
     });
+    EXPECT_GT(comm::bytes_streamed(), before) << name << ": the counter must move in every layout";
   }
   ::unsetenv("LOOM_STREAMING_COPY_MIN");
   ::unsetenv("LOOM_SHM_SHARED_MIN");
   ::unsetenv("LOOM_SHM_SHARED_MIN_ALLREDUCE");
-  EXPECT_GT(comm::bytes_streamed(), before);
 }
 
 // copy_streaming equals memcpy at every alignment of source and destination and every

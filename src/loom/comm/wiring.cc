@@ -11,9 +11,11 @@
 //
 // Steps 2 and 3 run interleaved (create segments, start accepting, connect to lower ranks,
 // open lower ranks' segments, join the acceptor) so no rank waits on one that waits on it.
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -128,6 +130,10 @@ void create_shm_pairs(Store& store, int rank, const Topology& topo, Pairs& pairs
     if (!topo.shm_with[q]) continue;
     shm::Segment seg = shm::Segment::create(ShmPair::segment_bytes(ring));
     ShmPair::format(seg, ring);
+    // Test hook (multiproc_test's NoSharedMemoryLeftAfterKill): this rank dies here, with a
+    // segment made that no peer has opened.
+    if (const char* k = std::getenv("LOOM_TEST_KILL_IN_SETUP"); k && std::atoi(k) == rank)
+      ::raise(SIGKILL);
     store.set("shm/" + std::to_string(rank) + "/" + std::to_string(q), seg.name());
     pairs[q] = std::make_unique<ShmPair>(rank, q, std::move(seg), 0);
   }

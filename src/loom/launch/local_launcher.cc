@@ -17,6 +17,7 @@
 
 #include "loom/comm/net/socket.h"
 #include "loom/comm/store/tcp_store.h"
+#include "loom/comm/transport/shm/segment.h"
 #include "loom/core/error.h"
 #include "loom/core/hmac.h"
 
@@ -259,6 +260,9 @@ LaunchResult run_local(const LaunchOptions& opts) {
   }
   while (pump_output(streams, 50)) {  // what the ranks wrote last
   }
+  // A rank killed while its communicator was being set up can leave a segment name that no
+  // peer opened (comm/transport/shm/segment.h); every rank is gone now: remove such names.
+  if (!result.ok()) comm::shm::sweep_stale();
   return result;
 }
 

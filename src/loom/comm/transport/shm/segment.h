@@ -2,8 +2,9 @@
 //
 // Names are "/loom.<creator pid>.<random>". The opener unlinks the name as soon as it has
 // mapped it, so a segment never outlives the processes that map it, even after kill -9.
-// A creator that dies before its peer opened the segment leaves a name behind; the next
-// loom process on the machine removes names whose creator pid is gone (sweep_stale()).
+// A creator that dies before its peer opened the segment leaves a name behind: the local
+// launcher (`loom run`) removes it when the job ends, and the next loom process on the
+// machine removes names whose creator pid is gone (sweep_stale()).
 #pragma once
 
 #include <cstddef>
