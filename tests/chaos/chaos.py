@@ -69,6 +69,7 @@ class Trial:
         self.note = ""
         self.hung = False  # the harness had to kill it, or ranks outlived their launcher
         self.outcome = ""  # "recovered" (by a restart), "unaffected", or "" (ended as due)
+        self.resume = ""  # "checked", "no checkpoint yet" (fault before step 5), or "" (n/a)
 
     def check(self, ok, what):
         if not ok:
@@ -188,8 +189,9 @@ class Campaign:
         """--resume from run_dir's newest complete checkpoint (copied to a normal folder):
         the losses after it must be the uninterrupted run's."""
         ckpts = sorted(glob.glob(os.path.join(run_dir, "ckpt", "step_*")))
-        if not ckpts:  # the fault came before the first checkpoint (step 5)
+        if not ckpts:  # the fault came before the first checkpoint (step 5): counted apart
             t.note += "no checkpoint yet; "
+            t.resume = "no checkpoint yet"
             return
         step = int(ckpts[-1].rsplit("_", 1)[1])
         d = run_dir + "_resumed"
@@ -206,6 +208,7 @@ class Campaign:
             t.note += "resumed at the last step; "
             return
         worst = worst_diff(got, want, later)
+        t.resume = "checked"
         t.check(worst <= TOL, "resumed from step %d, the losses differ by %.1e" % (step, worst))
         t.note += "resumed from step %d, losses within %.0e; " % (step, worst)
         shutil.rmtree(d, ignore_errors=True)
@@ -350,13 +353,25 @@ class Campaign:
         pid = rank_pid(proc.pid, victim)  # (env execs the launcher: the same process)
         conns = rank_connections(pid) if pid else []
         t0 = time.time()
+        cut = False
         if conns:
             local, peer = t.rng.choice(conns)
-            subprocess.run(["ss", "-K", "src", "127.0.0.1:%d" % local, "dst", "127.0.0.1:%d" % peer],
-                           capture_output=True)
+            ss = subprocess.run(["ss", "-K", "src", "127.0.0.1:%d" % local,
+                                 "dst", "127.0.0.1:%d" % peer], capture_output=True, text=True)
+            # The cut must have happened before the trial counts: ss -K lists what it
+            # destroyed (nothing where the kernel lacks CONFIG_INET_DIAG_DESTROY), and the
+            # connection leaves the rank's established ones (or the rank is gone).
+            listed = ":%d" % local in ss.stdout
+            end = time.time() + 2
+            while time.time() < end and alive(pid) and (local, peer) in rank_connections(pid):
+                time.sleep(0.05)
+            cut = listed and (not alive(pid) or (local, peer) not in rank_connections(pid))
         rc, text = self.finish(proc, f, run_dir + ".log", 30, t)
         t.ended_s = time.time() - t0
         if not t.check(conns, "rank %s had no connection to another rank" % victim):
+            return
+        if not t.check(cut, "ss -K did not destroy rank %d's connection %d->%d (it listed: %r)" %
+                       (victim, local, peer, ss.stdout.strip()[-200:])):
             return
         t.note += "rank %d's connection %d->%d destroyed; " % (victim, local, peer)
         if rc == 0 and layout:
@@ -382,12 +397,19 @@ class Campaign:
             cmd = [self.loom, "run", "-n", "4", self.worker, "soak", "1000000", run_dir]
             proc, f = self.start(cmd, run_dir + ".log")
             time.sleep(t.rng.uniform(1.0, 6.0))
-            layout = None
+            layout, n = None, 4
         else:
             layout = t.workload
+            n = layout[1]
             proc, f = self.start(self.train_cmd(layout, run_dir), run_dir + ".log")
-            self.wait_progress(run_dir, t.rng.randint(2, STEPS // 2), proc)
-        ranks = [p for p in (rank_pid(proc.pid, r) for r in range(4)) if p]
+            if not t.check(self.wait_progress(run_dir, t.rng.randint(2, STEPS // 2), proc),
+                           "the job ended before the fault (exit %s)" % proc.poll()):
+                proc.kill(), proc.wait(), f.close()
+                return
+        ranks = [p for p in (rank_pid(proc.pid, r) for r in range(n)) if p]
+        if not t.check(len(ranks) == n, "found %d of the %d ranks' processes" % (len(ranks), n)):
+            proc.kill(), proc.wait(), f.close()
+            return
         t0 = time.time()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -517,8 +539,9 @@ def main():
     for t, name in results:
         table[t.kind].append(t)
     lines = ["| fault | runs | ended as due | recovered by restart | unaffected | hung | "
-             "failed another check | time to end (median / max) | workloads |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "failed another check | resume checked / fault before the first checkpoint | "
+             "time to end (median / max) | workloads |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for k, ts in table.items():
         if not ts:
             continue
@@ -527,10 +550,12 @@ def main():
         failed = sum(1 for t in ts if t.problems)
         good = [t for t in ts if not t.problems]
         names = sorted(set(name for t, name in results if t.kind == k))
-        lines.append("| %s | %d | %d | %d | %d | %d | %d | %s | %s |" % (
+        lines.append("| %s | %d | %d | %d | %d | %d | %d | %d / %d | %s | %s |" % (
             k, len(ts), sum(1 for t in good if not t.outcome),
             sum(1 for t in good if t.outcome == "recovered"),
             sum(1 for t in good if t.outcome == "unaffected"), hung, failed - hung,
+            sum(1 for t in ts if t.resume == "checked"),
+            sum(1 for t in ts if t.resume == "no checkpoint yet"),
             "%.1f s / %.1f s" % (statistics.median(ends), max(ends)) if ends else "-",
             ", ".join(names)))
     bad = [t for t, _ in results if t.problems]

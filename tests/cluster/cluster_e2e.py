@@ -206,19 +206,40 @@ def calibrated():
     want = {(e["op"], e["bytes"]): e["algo"] for e in tables[0]["entries"]}
     if len({op for op, _ in want}) != 3 or any(len(e["us"]) < 2 for e in tables[0]["entries"]):
         fail("the table should time every valid algorithm of 3 ops: %s" % tables[0]["entries"])
-    got = {}
-    for op in ("allreduce", "allgather", "reduce_scatter"):
-        procs = start_job([LOOM, "bench", "--op", op, "--json", "-", *sizes], logs,
-                          env=["LOOM_TUNING_FILE=" + table_file])
-        wait_job(procs, logs)
-        for line in read(logs, 0).splitlines():
-            if line.startswith("{") and not json.loads(line)["inplace"]:
-                r = json.loads(line)
-                got[(r["op"], r["bytes"])] = r["algo"]
+
+    def choices(env):
+        got = {}
+        for op in ("allreduce", "allgather", "reduce_scatter"):
+            procs = start_job([LOOM, "bench", "--op", op, "--json", "-", *sizes], logs, env=env)
+            wait_job(procs, logs)
+            for line in read(logs, 0).splitlines():
+                if line.startswith("{") and not json.loads(line)["inplace"]:
+                    r = json.loads(line)
+                    got[(r["op"], r["bytes"])] = r["algo"]
+        return got
+
+    got = choices(["LOOM_TUNING_FILE=" + table_file])
     if got != want:
         fail("with LOOM_TUNING_FILE the choices should be the table's: %s vs %s" % (got, want))
+    # The measured winners may be what the cost model picks anyway; a hand-written table
+    # whose every winner is another valid algorithm than the ranks' own choice without a
+    # table tells a followed file from the model's choice.
+    own = choices([])
+    hand = json.loads(json.dumps(tables[0]))
+    for e in hand["entries"]:
+        e["algo"] = sorted(a for a in e["us"] if a != own[(e["op"], e["bytes"])])[0]
+    hand_file = os.path.join(WORK, "tuning-hand.json")
+    with open(hand_file, "w") as f:
+        json.dump({"version": 1, "tables": [hand]}, f)
+    hand_want = {(e["op"], e["bytes"]): e["algo"] for e in hand["entries"]}
+    got = choices(["LOOM_TUNING_FILE=" + hand_file])
+    if got != hand_want:
+        fail("a hand-written table's winners (none the ranks' own choice) should be followed: "
+             "%s vs %s" % (got, hand_want))
     print("ok  loom bench --calibrate: %d measured winners (%s), used by every rank with "
-          "LOOM_TUNING_FILE" % (len(want), ", ".join(sorted(set(want.values())))))
+          "LOOM_TUNING_FILE; a hand-written table with none of the ranks' own choices (%s) "
+          "is followed too" % (len(want), ", ".join(sorted(set(want.values()))),
+                               ", ".join(sorted(set(hand_want.values())))))
 
 
 def train():

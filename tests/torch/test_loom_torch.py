@@ -2,6 +2,7 @@
 
 Run with /usr/bin/python3 -m pytest tests/torch (PYTHONPATH holding build/python; the
 CTest entry sets it). Ranks are plain subprocesses (torchrun is not used: see README)."""
+import hashlib
 import json
 import os
 import signal
@@ -128,26 +129,43 @@ def test_ranks_die_with_their_launcher():
 
 GLOO_PASSED = os.path.join(HERE, "gloo_passed.json")
 
+# Tests of PyTorch's suite that may fail once on loom, each with what is known of why; such
+# a test is run a second time, and must pass then. Nothing else is run twice.
+KNOWN_FLAKES = {
+    "test_send_recv_with_tag":
+        "CI saw one failure in ~10 runs (2026-11); not reproduced since: 0 of 30 runs of "
+        "the test alone, see the closing note of 2026-12-03; cause not found",
+}
+
+
+def suite_key(world):
+    """What gloo's list of passes depends on: the torch version, the world size and the suite
+    driver (torch_suite.py: which tests it runs and how)."""
+    import torch
+
+    with open(os.path.join(HERE, "torch_suite.py"), "rb") as f:
+        driver = hashlib.sha256(f.read()).hexdigest()
+    return {"torch": torch.__version__, "world": world, "driver_sha256": driver}
+
 
 def gloo_reference(world, suite):
     """What gloo passes of the suite on `world` processes: the list kept in gloo_passed.json
-    when it was recorded with this torch version and world (the same tests pass on gloo
-    every time: running them again only costs ~2 minutes of CI), else gloo run now.
-    LOOM_TORCH_GLOO_LIVE=1 always runs gloo, and writes the list again."""
-    import torch
-
+    when it was recorded under the same key (suite_key: torch version, world, driver) — the
+    same tests pass on gloo every time, so running them again only costs ~2 minutes of CI —
+    else gloo run now. LOOM_TORCH_GLOO_LIVE=1 always runs gloo, and writes the list again."""
     live = os.environ.get("LOOM_TORCH_GLOO_LIVE") == "1"
+    key = suite_key(world)
     if not live and os.path.exists(GLOO_PASSED):
         kept = json.load(open(GLOO_PASSED))
-        if kept["torch"] == torch.__version__ and kept["world"] == world:
+        if all(kept.get(k) == v for k, v in key.items()):
             return {t: "passed" for t in kept["passed"]}
-        print("gloo_passed.json is for torch %s, world %d: running gloo now" %
-              (kept["torch"], kept["world"]))
+        print("gloo_passed.json was recorded for %s, this run is %s: running gloo now" %
+              ({k: kept.get(k) for k in key}, key))
     gloo, _ = suite("gloo", "gloo")
     if live:
         with open(GLOO_PASSED, "w") as f:
-            json.dump({"torch": torch.__version__, "world": world,
-                       "passed": sorted(t for t, o in gloo.items() if o == "passed")}, f, indent=0)
+            json.dump(dict(key, passed=sorted(t for t, o in gloo.items() if o == "passed")), f,
+                      indent=0)
             f.write("\n")
     return gloo
 
@@ -174,15 +192,15 @@ def test_pytorchs_own_distributed_suite(world, tmp_path):
     loom, log = suite("loom", "loom")
     first = sorted(t for t, o in loom.items() if o == "failed")
     if first:
-        # A test that fails once is run once more, and reported either way: a failure that
-        # repeats fails below; one that does not is printed as a flake with its log (CI
-        # saw test_send_recv_with_tag fail once in ~10 runs, cause not found yet).
         print("loom failed %s on the first run; its log:\n%s" % (first, log[-20000:]))
-        again, _ = suite("loom", "loom-again", *first)
-        for t in first:
+    # Only a known flake (KNOWN_FLAKES, with what is known of its cause) gets a second run;
+    # any other failure fails below, and a known flake that fails twice does too.
+    flakes = [t for t in first if t in KNOWN_FLAKES]
+    if flakes:
+        again, _ = suite("loom", "loom-again", *flakes)
+        for t in flakes:
             loom[t] = again.get(t, "failed")
-        print("FLAKY on loom (passed when run again): %s" %
-              [t for t in first if loom[t] == "passed"])
+            print("KNOWN FLAKE %s (%s): %s when run again" % (t, KNOWN_FLAKES[t], loom[t]))
     passed = lambda r: sorted(t for t, o in r.items() if o == "passed")  # noqa: E731
     failed = sorted(t for t, o in loom.items() if o == "failed")
     missing = sorted(t for t in passed(gloo) if loom.get(t) != "passed")
