@@ -48,17 +48,8 @@ std::function<int()> add_plan_command(CLI::App& app) {
   p->add_flag("--flash-attention", a->flash, "GPUs: attention keeps no s x s scores");
   p->add_flag("--bf16", a->bf16, "cpu: bf16 GEMMs (train.dtype = bf16)");
   return [a]() -> int {
-    model::GptConfig g = model::GptConfig::named(a->model);
-    if (a->layers > 0) g.n_layer = a->layers;
-    if (a->hidden > 0) g.n_embd = a->hidden;
-    if (a->heads > 0) g.n_head = a->heads;
-    if (a->vocab > 0) g.vocab_size = a->vocab, g.padded_vocab_size = (a->vocab + 127) / 128 * 128;
-    if (a->context > 0) g.block_size = a->context;
-    // A changed shape is a model of its own: named by its layers and hidden size, never
-    // after the model it started from.
-    const bool custom =
-        a->layers > 0 || a->hidden > 0 || a->heads > 0 || a->vocab > 0 || a->context > 0;
-    if (custom) g.name = "custom " + std::to_string(g.n_layer) + "x" + std::to_string(g.n_embd);
+    const model::GptConfig g = model::GptConfig::named(a->model).reshaped(
+        a->layers, a->hidden, a->heads, a->vocab, a->context);
     g.validate();
     if (a->seq > g.block_size)
       throw UserError("--seq " + std::to_string(a->seq) + " exceeds " + g.name + "'s context " +
@@ -66,10 +57,6 @@ std::function<int()> add_plan_command(CLI::App& app) {
                       "use --seq " + std::to_string(g.block_size) +
                           " or less, or give the model a longer context with --context " +
                           std::to_string(a->seq));
-    if (custom && !a->out.empty())
-      throw UserError("--out writes a config for `loom train`, which trains the named models only",
-                      "drop --out, or plan a named model (--model tiny, small, gpt2-124m ... "
-                      "gpt2-1558m) without --layers/--hidden/--heads/--vocab/--context");
     plan::ModelShape m = plan::model_shape(g, a->seq > 0 ? a->seq : g.block_size);
     m.flash_attention = a->flash;
     if (a->global_batch < 1 || a->nodes < 1 || a->top < 1)

@@ -364,10 +364,31 @@ def plan():
             expect_rc=2)
     if "--context 2048" not in p.stderr:
         fail("--seq past the context should suggest --context: " + p.stderr)
-    p = run([LOOM, "plan", *gpt3, "--out", os.path.join(WORK, "custom.toml")], expect_rc=2)
-    if "named models" not in p.stderr or os.path.exists(os.path.join(WORK, "custom.toml")):
-        fail("--out of a custom shape should be refused before writing: " + p.stderr)
     print("ok  a custom shape:", out.splitlines()[0])
+    # ... and one planned on this machine is written as a config ([model] n_layer ...) that
+    # `loom train --plan` trains, named by its shape, with the planner's parameter count and
+    # model state.
+    cfg = os.path.join(WORK, "custom.toml")
+    out = run([LOOM, "plan", "--layers", "3", "--hidden", "96", "--heads", "4", "--context",
+               "64", "--seq", "32", "--device", "cpu", "--per-node", "2", "-b", "8", "--top", "1",
+               "--out", cfg], timeout=600).stdout
+    planned = re.search(r"custom 3x96 \(([\d.]+)M parameters", out)
+    with open(cfg) as f:
+        text = f.read()
+    if not planned or "n_layer = 3" not in text or "n_embd = 96" not in text:
+        fail("loom plan --out of a custom shape should write its [model] keys:\n" + out + text)
+    d = os.path.join(WORK, "custom_run")
+    shutil.rmtree(d, ignore_errors=True)
+    p = run([LOOM, "run", "-n", "2", LOOM, "train", "-c", cfg, "--plan"] +
+            [a for a in T.args(d, steps=3)[1:] if a != "--quiet"])
+    trained = re.search(r"training custom 3x96 \(([\d.]+)M parameters\)", p.stdout)
+    state = re.search(r"model state per rank ([\d.]+) MiB predicted, ([\d.]+) measured", p.stdout)
+    if not trained or trained.group(1) != planned.group(1) or not state or \
+            state.group(1) != state.group(2):
+        fail("loom train --plan should train the planned custom shape (%s M parameters) and "
+             "predict its model state exactly:\n%s" % (planned.group(1), p.stdout[-3000:]))
+    print("ok  loom plan --out of a custom shape trains with --plan: %s M parameters, model "
+          "state %s MiB predicted and measured" % (trained.group(1), state.group(1)))
 
 
 {"watchdog": watchdog, "timeline": timeline, "report": report, "plan": plan}[MODE]()

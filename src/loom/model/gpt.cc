@@ -31,6 +31,18 @@ GptConfig GptConfig::named(const std::string& name) {
   return c;
 }
 
+GptConfig GptConfig::reshaped(int layers, int hidden, int heads, int vocab, int context) const {
+  GptConfig g = *this;
+  if (layers > 0) g.n_layer = layers;
+  if (hidden > 0) g.n_embd = hidden;
+  if (heads > 0) g.n_head = heads;
+  if (vocab > 0) g.vocab_size = vocab, g.padded_vocab_size = (vocab + 127) / 128 * 128;
+  if (context > 0) g.block_size = context;
+  if (layers > 0 || hidden > 0 || heads > 0 || vocab > 0 || context > 0)
+    g.name = "custom " + std::to_string(g.n_layer) + "x" + std::to_string(g.n_embd);
+  return g;
+}
+
 void GptConfig::validate() const {
   auto bad = [](const std::string& key, int v, const std::string& want) {
     return UserError("model." + key + " = " + std::to_string(v) + " is invalid: " + want,

@@ -53,6 +53,10 @@ struct GptConfig {
   int vocab_size = 50257, padded_vocab_size = 50304;  // padded to a multiple of 128
   // tiny, small, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m; UserError otherwise.
   static GptConfig named(const std::string& name);
+  // This shape with the given fields changed (0: kept; the vocabulary padded to a multiple
+  // of 128). A changed shape is a model of its own, named "custom <n_layer>x<n_embd>", never
+  // after the model it started from. Not validated.
+  GptConfig reshaped(int layers, int hidden, int heads, int vocab, int context) const;
   void validate() const;  // UserError naming the field
   // UserError naming the numbers when the model cannot be split t ways (heads, padded
   // vocabulary).

@@ -124,6 +124,7 @@ ModelShape model_shape(const model::GptConfig& g, int seq) {
   ModelShape m;
   m.name = g.name, m.layers = g.n_layer, m.hidden = g.n_embd, m.heads = g.n_head;
   m.vocab = g.padded_vocab_size, m.seq = seq, m.max_seq = g.block_size;
+  m.vocab_size = g.vocab_size;
   return m;
 }
 

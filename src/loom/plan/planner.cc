@@ -335,8 +335,14 @@ std::vector<Layout> candidate_layouts(const ModelShape& m, const Cluster& c, int
 
 std::string layout_toml(const ModelShape& m, const Layout& l, int global_batch) {
   std::ostringstream o;
-  o << "# from `loom plan`: " << l.describe() << "\n[model]\nname = \"" << m.name
-    << "\"\n\n[train]\nglobal_batch = " << global_batch << "\nmicro_batch = " << l.micro_batch
+  o << "# from `loom plan`: " << l.describe() << "\n[model]\n";
+  if (m.name.rfind("custom ", 0) == 0)
+    o << "n_layer = " << m.layers << "\nn_head = " << m.heads << "\nn_embd = " << m.hidden
+      << "\nvocab_size = " << (m.vocab_size > 0 ? m.vocab_size : m.vocab)
+      << "\nblock_size = " << m.max_seq << "\n";
+  else
+    o << "name = \"" << m.name << "\"\n";
+  o << "\n[train]\nglobal_batch = " << global_batch << "\nmicro_batch = " << l.micro_batch
     << "\nseq_len = " << m.seq << "\ntp = " << l.tp << "\npp = " << l.pp << "\nzero = " << l.zero
     << "\nrecompute = \"" << (l.recompute ? "all" : "none") << "\"\n";
   if (l.pp > 1)

@@ -44,6 +44,7 @@ Device gpu_device(const std::string& name);
 struct ModelShape {
   std::string name;
   int layers = 0, hidden = 0, heads = 0, vocab = 0 /* padded */, seq = 0, max_seq = 0;
+  int vocab_size = 0;            // unpadded (0: the padded one)
   bool flash_attention = false;  // no s x s scores kept or moved (cuDNN/FlashAttention)
   double params() const;         // the whole model's (tied head)
   // Megatron's model FLOPs of one step of `batch` sequences with full recompute when
@@ -108,7 +109,8 @@ std::vector<Layout> candidate_layouts(const ModelShape& m, const Cluster& c, int
 // loom's model layout (model/gpt.h), checked against the model by tests/unit/plan_test.cc.
 std::vector<double> unit_params(const ModelShape& m, int t);
 
-// The layout as a config to start from ([model], [train], [pp], [zero] keys).
+// The layout as a config to start from ([model], [train], [pp], [zero] keys); a custom shape
+// ("custom LxH") by its [model] n_layer, n_head, n_embd, vocab_size and block_size.
 std::string layout_toml(const ModelShape& m, const Layout& l, int global_batch);
 
 template <typename CostFn>

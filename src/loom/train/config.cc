@@ -43,6 +43,11 @@ std::string one_of(const std::string& v, const std::vector<std::string>& allowed
 std::vector<Field> fields_of(TrainConfig& c) {
   return {
       {"model.name", &c.model_name, [] { return std::string(); }},
+      {"model.n_layer", &c.n_layer, [&] { return at_least(c.n_layer, 0); }},
+      {"model.n_head", &c.n_head, [&] { return at_least(c.n_head, 0); }},
+      {"model.n_embd", &c.n_embd, [&] { return at_least(c.n_embd, 0); }},
+      {"model.vocab_size", &c.vocab_size, [&] { return in_range(c.vocab_size, 0, 65536); }},
+      {"model.block_size", &c.block_size, [&] { return at_least(c.block_size, 0); }},
       {"data.path", &c.data_path, [] { return std::string(); }},
       {"train.steps", &c.steps, [&] { return at_least(c.steps, 1); }},
       {"train.micro_batch", &c.micro_batch, [&] { return at_least(c.micro_batch, 1); }},

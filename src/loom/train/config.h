@@ -23,6 +23,10 @@ struct TrainConfig {
   // [model]
   std::string model_name = "tiny";
   bool model_name_set = false;  // model.name was given (in the file or by --set)
+  // The named model's shape changed (0: kept): a model of its own, "custom <L>x<C>"
+  // (model::GptConfig::reshaped); what `loom plan --out` writes for a custom shape.
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab_size = 0, block_size = 0;
+  bool reshaped() const { return n_layer || n_head || n_embd || vocab_size || block_size; }
   // [data]
   std::string data_path;
   // [train]

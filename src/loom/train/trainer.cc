@@ -82,8 +82,20 @@ double peak_rss_bytes() {
 
 }  // namespace
 
+namespace {
+// The model the config names, with its [model] shape keys applied (a custom shape).
+model::GptConfig model_of(const TrainConfig& c) {
+  model::GptConfig g = model::GptConfig::named(c.model_name)
+                           .reshaped(static_cast<int>(c.n_layer), static_cast<int>(c.n_embd),
+                                     static_cast<int>(c.n_head), static_cast<int>(c.vocab_size),
+                                     static_cast<int>(c.block_size));
+  g.validate();
+  return g;
+}
+}  // namespace
+
 Trainer::Trainer(TrainConfig cfg, const TrainOptions& opt)
-    : cfg_(std::move(cfg)), opt_(opt), model_cfg_(model::GptConfig::named(cfg_.model_name)) {}
+    : cfg_(std::move(cfg)), opt_(opt), model_cfg_(model_of(cfg_)) {}
 
 void Trainer::open_data() {
   if (!fs::is_directory(cfg_.data_path))
@@ -568,15 +580,16 @@ void Trainer::resolve_model() {
   if (cfg_.init_from.empty()) return;
   init_.emplace(interop::open_model(cfg_.init_from));
   const model::GptConfig& from = init_->config;
-  if (cfg_.model_name_set) {
-    const model::GptConfig named = model::GptConfig::named(cfg_.model_name);
-    nlohmann::json a = named.to_json(), b = from.to_json();
+  if (cfg_.model_name_set || cfg_.reshaped()) {
+    nlohmann::json a = model_cfg_.to_json(), b = from.to_json();
     a.erase("name"), b.erase("name");
     if (a != b)
-      throw UserError("model.name = " + cfg_.model_name + " (" + interop::describe_shape(named) +
-                          ") disagrees with train.init_from " + init_->path + " (" +
-                          interop::describe_shape(from) + ")",
-                      "leave model.name out: with train.init_from the shape comes from the file");
+      throw UserError("the [model] section (" + model_cfg_.name + ": " +
+                          interop::describe_shape(model_cfg_) + ") disagrees with " +
+                          "train.init_from " + init_->path + " (" + interop::describe_shape(from) +
+                          ")",
+                      "leave the [model] section out: with train.init_from the shape comes from "
+                      "the file");
   }
   model_cfg_ = from;
   cfg_.model_name = from.name;
