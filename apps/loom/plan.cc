@@ -19,8 +19,8 @@ namespace loom::apps {
 std::function<int()> add_plan_command(CLI::App& app) {
   struct Args {
     std::string model = "gpt2-124m", device = "cpu", out;
-    int seq = 0, nodes = 1, per_node = 0, global_batch = 0, top = 10, pick = 1, layers = 0,
-        hidden = 0, heads = 0, vocab = 0, context = 0;
+    int seq = 0, nodes = 1, per_node = 0, global_batch = 0, top = 10, pick = 1, explain = 0,
+        layers = 0, hidden = 0, heads = 0, vocab = 0, context = 0;
     bool flash = false, bf16 = false;
   };
   auto a = std::make_shared<Args>();
@@ -45,6 +45,8 @@ std::function<int()> add_plan_command(CLI::App& app) {
   p->add_option("--top", a->top, "layouts to list (default 10)");
   p->add_option("--out,-o", a->out, "write the chosen layout as a config (TOML) here");
   p->add_option("--pick", a->pick, "which listed layout --out writes (default 1, the best)");
+  p->add_option("--explain", a->explain,
+                "break listed layout N's step and memory into their terms (0: none)");
   p->add_flag("--flash-attention", a->flash, "GPUs: attention keeps no s x s scores");
   p->add_flag("--bf16", a->bf16, "cpu: bf16 GEMMs (train.dtype = bf16)");
   return [a]() -> int {
@@ -61,6 +63,9 @@ std::function<int()> add_plan_command(CLI::App& app) {
     m.flash_attention = a->flash;
     if (a->global_batch < 1 || a->nodes < 1 || a->top < 1)
       throw UserError("--global-batch, --nodes and --top must be >= 1", "e.g. -b 16 --nodes 1");
+    if (a->explain < 0)
+      throw UserError("--explain " + std::to_string(a->explain) + " is not a listed layout",
+                      "give the number the list shows, e.g. --explain 1");
     plan::Cluster c;
     c.nodes = a->nodes;
     const bool cpu = a->device == "cpu";
@@ -102,6 +107,13 @@ std::function<int()> add_plan_command(CLI::App& app) {
       std::printf("%4d  %-52s %9.3f %9.3f %9.4f %10.0f %10.2f%s\n", i + 1,
                   p.layout.describe().c_str(), p.state() / 1e9, p.activations / 1e9, p.step_s(),
                   tokens / p.step_s(), p.tflops_per_device, p.fits ? "" : "  (does not fit)");
+    }
+    if (a->explain != 0) {
+      if (a->explain < 1 || a->explain > static_cast<int>(all.size()))
+        throw UserError("--explain " + std::to_string(a->explain) + " is not a listed layout",
+                        "explain 1 to " + std::to_string(all.size()));
+      std::printf("plan: layout %d, term by term\n%s", a->explain,
+                  plan::explain(all[a->explain - 1]).c_str());
     }
     if (!a->out.empty()) {
       if (a->pick < 1 || a->pick > static_cast<int>(all.size()))

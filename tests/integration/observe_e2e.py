@@ -357,14 +357,29 @@ def plan():
     # A model described by its shape alone (GPT-3 175B's) is named by it, at its own context.
     gpt3 = ["--layers", "96", "--hidden", "12288", "--heads", "96", "--context", "2048",
             "--nodes", "128", "--device", "a100-80", "-b", "1536", "--top", "1"]
-    out = run([LOOM, "plan", *gpt3, "--seq", "2048"]).stdout
+    out = run([LOOM, "plan", *gpt3, "--seq", "2048", "--explain", "1"]).stdout
     if "custom 96x12288" not in out or "seq 2048" not in out or "gpt2" in out:
         fail("a custom shape should be named 'custom 96x12288' at seq 2048: " + out)
+    # --explain 1: the first layout's step and memory term by term, each part with its total.
+    terms = re.findall(r"^  (\S[\w +]*?)\s+([\d.]+) (s |GB)", out, re.M)
+    names = [t[0] for t in terms]
+    for want in ("compute", "recompute", "pipeline bubble", "tensor parallel", "pipeline sends",
+                 "data parallel", "ZeRO gathers", "optimizer", "parameters", "activations"):
+        if want not in names:
+            fail("--explain should list the term %r:\n%s" % (want, out))
+    for unit in ("s ", "GB"):
+        rows = [float(v) for n, v, u in terms if u == unit and n != "total"]
+        total = [float(v) for n, v, u in terms if u == unit and n == "total"]
+        if len(total) != 1 or abs(sum(rows) - total[0]) > 5e-4 * len(rows):
+            fail("--explain's %s terms should add up to its total:\n%s" % (unit.strip(), out))
+    p = run([LOOM, "plan", *gpt3, "--explain", "-1"], expect_rc=2)
+    if "hint:" not in p.stderr:
+        fail("--explain -1 should fail with a hint: " + p.stderr)
     p = run([LOOM, "plan", *gpt3[:6], "--seq", "2048", "-b", "8", "--device", "a100-80"],
             expect_rc=2)
     if "--context 2048" not in p.stderr:
         fail("--seq past the context should suggest --context: " + p.stderr)
-    print("ok  a custom shape:", out.splitlines()[0])
+    print("ok  a custom shape, explained:", out.splitlines()[0])
     # ... and one planned on this machine is written as a config ([model] n_layer ...) that
     # `loom train --plan` trains, named by its shape, with the planner's parameter count and
     # model state.

@@ -151,12 +151,17 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   // by `share` (how busy the other ranks are meanwhile).
   const double gemm_rate = d.peak_tflops * 1e12 * d.gemm_efficiency;
   auto mix = [](double alone, double busy, double share) { return alone + (busy - alone) * share; };
+  // A layer's forward (GPUs); its forward + backward is 3 of them (B = 2F), and a recomputed
+  // layer runs the forward once more (`recompute_layer_s`; the CPU's measured block has it).
+  auto layer_fwd_s = [&]() {
+    const double flops = (24 * b * s * h * h + 4 * b * s * s * h) / t;
+    return flops / gemm_rate + 2 * layer_act / (d.hbm_gbps * 1e9);
+  };
   auto layer_s = [&](double share) {
     if (d.cpu) return mix(cpu->block_s, cpu->block_busy_s, share);
-    const double flops = (24 * b * s * h * h + 4 * b * s * s * h) / t;
-    const double f = flops / gemm_rate + 2 * layer_act / (d.hbm_gbps * 1e9);
-    return f * (l.recompute ? 4 : 3);  // F, B = 2F, and F again when recomputed
+    return 3 * layer_fwd_s();
   };
+  const double recompute_layer_s = !d.cpu && l.recompute ? layer_fwd_s() : 0.0;
   auto head_s = [&](double share) {
     if (d.cpu) return mix(cpu->ends_s, cpu->ends_busy_s, share);
     return 3 * 2 * b * s * h * m.vocab / t / gemm_rate + 3 * head_act / (d.hbm_gbps * 1e9);
@@ -175,17 +180,19 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
                                : 2 * ring_s(act_msg, t, 2, d.intra_gbps);
   // Per virtual stage: its compute and communication.
   std::vector<double> share(P, 1.0);  // a lone stage: every rank busy (dp, tp)
-  std::vector<double> comp(P), comm(P);
+  std::vector<double> comp(P), comm(P), recomp(P);
   auto stage_times = [&]() {
     std::fill(comp.begin(), comp.end(), 0.0), std::fill(comm.begin(), comm.end(), 0.0);
+    std::fill(recomp.begin(), recomp.end(), 0.0);
     std::vector<double> fwd(VS);
     for (int k = 0; k < VS; ++k) {
       const int st = k % P;
       const double c =
           piece_layers[k] * layer_s(share[st]) + (piece_head[k] ? head_s(share[st]) : 0);
+      const double r = piece_layers[k] * recompute_layer_s;
       const double x = piece_layers[k] * tp_layer + (piece_head[k] ? tp_ends : 0);
-      comp[st] += c, comm[st] += x;
-      fwd[k] = (c + x) / 3;  // F : BW = 1 : 2
+      comp[st] += c, recomp[st] += r, comm[st] += x;
+      fwd[k] = (c + r + x) / 3;  // F : BW = 1 : 2 (a recomputed forward runs with the BW)
     }
     return fwd;
   };
@@ -193,7 +200,7 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   auto slowest = [&]() {
     int w = 0;
     for (int st = 1; st < P; ++st)
-      if (comp[st] + comm[st] > comp[w] + comm[w]) w = st;
+      if (comp[st] + recomp[st] + comm[st] > comp[w] + recomp[w] + comm[w]) w = st;
     return w;
   };
   if (P > 1) {
@@ -213,14 +220,16 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
     }
     const int w = slowest();
     p.compute = M * comp[w];
+    p.recompute = M * recomp[w];
     p.tp_comm = M * comm[w];
-    p.bubble = std::max(0.0, timing.makespan - M * (comp[w] + comm[w]));
+    p.bubble = std::max(0.0, timing.makespan - M * (comp[w] + recomp[w] + comm[w]));
     const bool cross = t * P > c.per_node;  // stages on other machines (tp fastest, then pp)
     const double link = d.cpu ? cpu->shm_gbps : (cross ? d.inter_gbps : d.intra_gbps);
     const double msg = act_msg / (l.sequence_parallel ? t : 1);
     p.pp_comm = M * 2 * msg / (link * 1e9) * V;
   } else {
     p.compute = M * comp[0];
+    p.recompute = M * recomp[0];
     p.tp_comm = M * comm[0];
   }
 
@@ -275,21 +284,30 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   const bool cross = c.nodes > 1;
   const double link = d.cpu ? cpu->shm_gbps : (cross ? d.inter_gbps : d.intra_gbps);
   const double alpha = d.cpu ? cpu->shm_alpha_us : 0;
+  // Each term's passes over the data-parallel group, in bytes: the gradients' reduction
+  // (dp_comm) and ZeRO's parameter gathers (zero_comm); their time is the ring's, split
+  // between the two by bytes.
   if (S > 1) {
+    double reduce = 0, gather = 0;  // bytes moved once around the ring
     switch (l.zero) {
       case 0:
-        p.dp_comm = ring_s(gbytes, S, 2, link, alpha);
+        reduce = 2 * gbytes;  // allreduce
         break;
       case 1:
-        p.dp_comm = ring_s(gbytes, S, 3, link, alpha);
+        reduce = 2 * gbytes, gather = gbytes;  // allreduce, then the updated shards gathered
         break;
       case 2:
-        p.dp_comm = ring_s(gbytes, S, 2, link, alpha);
+        reduce = gbytes, gather = gbytes;  // reduce-scatter, then the updated shards gathered
         break;
-      default:
-        p.dp_comm = M * ring_s(z3_params * value_bytes, S, 1, link, alpha);
+      default:  // per microbatch: gathers in the forward and backward, the reduce-scatter
+        reduce = M * psi_max * value_bytes;
+        gather = M * (z3_params - psi_max) * value_bytes;
         break;
     }
+    const double total = l.zero == 3 ? M * ring_s(z3_params * value_bytes, S, 1, link, alpha)
+                                     : ring_s(gbytes, S, (reduce + gather) / gbytes, link, alpha);
+    p.dp_comm = total * reduce / (reduce + gather);
+    p.zero_comm = total - p.dp_comm;
   }
   const double opt_params = l.zero >= 1 && S > 1 ? psi_max / S : psi_max;
   p.optimizer_s =
@@ -298,6 +316,40 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   p.tflops_per_device = m.step_flops(global_batch, l.recompute) / p.step_s() / c.world() / 1e12;
   p.fits = p.memory() <= d.mem_gb * 1e9 * (d.cpu ? 1.0 : 0.9);
   return p;
+}
+
+std::string explain(const Prediction& p) {
+  std::ostringstream o;
+  char line[160];
+  const double step = p.step_s(), mem = p.memory();
+  auto row = [&](const char* name, double v, double total, const char* unit, double scale,
+                 const char* what) {
+    std::snprintf(line, sizeof line, "  %-22s %10.4f %s %5.1f%%  %s\n", name, v * scale, unit,
+                  total > 0 ? 100 * v / total : 0.0, what);
+    o << line;
+  };
+  o << "step, " << p.layout.describe() << ":\n";
+  row("compute", p.compute, step, "s ", 1, "forward + backward of the slowest stage's layers");
+  row("recompute", p.recompute, step, "s ", 1,
+      "the forward again before the backward (CPU: measured inside compute)");
+  row("pipeline bubble", p.bubble, step, "s ", 1, "idle while the schedule fills and drains");
+  row("tensor parallel", p.tp_comm, step, "s ", 1, "activation allreduces inside the layers");
+  row("pipeline sends", p.pp_comm, step, "s ", 1, "activations and their gradients between stages");
+  row("data parallel", p.dp_comm, step, "s ", 1,
+      "gradient reduction after the backward (allreduce or reduce-scatter)");
+  row("ZeRO gathers", p.zero_comm, step, "s ", 1,
+      "parameters gathered (ZeRO-1/2 after the step, "
+      "ZeRO-3 at each use)");
+  row("optimizer", p.optimizer_s, step, "s ", 1, "AdamW over this rank's share");
+  row("total", step, step, "s ", 1, "the sum of the above");
+  o << "memory per rank (the fullest stage):\n";
+  row("parameters", p.params, mem, "GB", 1e-9, "");
+  row("gradients", p.grads, mem, "GB", 1e-9, "");
+  row("optimizer state", p.optimizer, mem, "GB", 1e-9, "");
+  row("buffers", p.buffers, mem, "GB", 1e-9, "a unit's full gradient or gathered parameters");
+  row("activations", p.activations, mem, "GB", 1e-9, "the microbatches in flight");
+  row("total", mem, mem, "GB", 1e-9, p.fits ? "fits" : "does not fit");
+  return o.str();
 }
 
 std::vector<Layout> candidate_layouts(const ModelShape& m, const Cluster& c, int global_batch) {

@@ -85,9 +85,16 @@ struct Prediction {
   double params = 0, grads = 0, optimizer = 0, buffers = 0, activations = 0;
   double state() const { return params + grads + optimizer + buffers; }
   double memory() const { return state() + activations; }
-  // seconds per step
-  double compute = 0, bubble = 0, tp_comm = 0, pp_comm = 0, dp_comm = 0, optimizer_s = 0;
-  double step_s() const { return compute + bubble + tp_comm + pp_comm + dp_comm + optimizer_s; }
+  // seconds per step, by term (`loom plan --explain`): the forward and backward passes; the
+  // recomputed forward (GPUs; on the CPU it is measured inside `compute`); the pipeline's
+  // idle time; communication that nothing hides, by dimension: tensor-parallel
+  // collectives, pipeline sends, data-parallel gradient reduction (allreduce, or ZeRO's
+  // reduce-scatter), ZeRO's parameter gathers; the optimizer step.
+  double compute = 0, recompute = 0, bubble = 0, tp_comm = 0, pp_comm = 0, dp_comm = 0,
+         zero_comm = 0, optimizer_s = 0;
+  double step_s() const {
+    return compute + recompute + bubble + tp_comm + pp_comm + dp_comm + zero_comm + optimizer_s;
+  }
   double tflops_per_device = 0;  // Megatron's model FLOPs (recompute counted) / step / devices
   bool fits = true;
 };
@@ -97,6 +104,10 @@ struct Prediction {
 // machine, ...).
 Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int global_batch,
                    const CpuCosts* cpu = nullptr);
+
+// Layout p's step and memory by term, one per line, each with its share and a total line
+// that is their sum (`loom plan --explain N`).
+std::string explain(const Prediction& p);
 
 // Layouts of the cluster for the batch, those that fit first, fastest first. `costs`
 // returns the CPU costs for a (micro-batch, tp, recompute) (ignored on GPUs).
