@@ -2,12 +2,14 @@
 // against published results, each printed with its inputs and error:
 //   - Megatron-LM (Narayanan et al. 2021, Table 1: GPT 1.7 B ... 1 T on 32 ... 3072 A100, seq
 //     2048, vocabulary 51,200, full recompute; and GPT-3 175 B with t 8, p 16 on 1024 A100,
-//     batch 1536, ~138 TFLOP/s per GPU): achieved TFLOP/s per GPU within 25%;
+//     batch 1536, ~138 TFLOP/s per GPU): achieved TFLOP/s per GPU within 15%, errors of both
+//     signs (the goal, ±10% on every row, is met by 8 of 11: docs/perf.md);
 //   - ZeRO (Rajbhandari et al. 2020, Figure 1: 7.5 B parameters on 64 GPUs, Adam in mixed
 //     precision): 120 GB per GPU unsharded, 31.4 GB with P_os, 16.6 GB with P_os+g, 1.9 GB with
-//     P_os+g+p — within 25% (the formulas give them exactly);
+//     P_os+g+p — exact to the paper's rounding (0.05 GB);
 //   - llm.c (Karpathy 2024, GPT-2 124M on one 8 x A100 80GB SXM node: 10 B tokens in ~90
-//     minutes at 524,288 tokens per step = 19,073 steps, ~283 ms per step) within 25%.
+//     minutes at 524,288 tokens per step = 19,073 steps, ~283 ms per step) within 15% (llm.c
+//     fuses kernels the planner's Megatron-style layer keeps apart: it is predicted slower).
 // Assumed where the papers are silent: micro-batch 1 and the 1F1B schedule for Megatron,
 // gradients reduced in 16 bits after the backward; llm.c: micro-batch 64, ZeRO-1, cuDNN
 // flash attention, no recompute.
@@ -60,7 +62,7 @@ struct Published {
   double tflops;  // achieved per GPU
 };
 
-TEST(Plan, MegatronTableWithin25Percent) {
+TEST(Plan, MegatronTableWithin15PercentBothSigns) {
   const Published rows[] = {
       {1.7, 24, 2304, 24, 1, 1, 32, 512, 137},
       {3.6, 32, 3072, 30, 2, 1, 64, 512, 138},
@@ -76,6 +78,7 @@ TEST(Plan, MegatronTableWithin25Percent) {
   };
   std::printf("%8s %4s %4s %5s %6s %12s %12s %8s\n", "params", "t", "p", "d", "batch", "published",
               "predicted", "error");
+  int below = 0, above = 0, within10 = 0;
   for (const Published& r : rows) {
     const ModelShape m = gpt(r.layers, r.hidden, r.heads);
     EXPECT_NEAR(m.params() / 1e9, r.billions, 0.05 * r.billions) << "the model's shape";
@@ -91,8 +94,15 @@ TEST(Plan, MegatronTableWithin25Percent) {
         "bubble %.2f, tp %.2f, pp %.2f, dp %.2f, optimizer %.3f)\n",
         r.billions, r.t, r.p, l.dp, r.batch, r.tflops, p.tflops_per_device, 100 * err, p.step_s(),
         p.compute, p.bubble, p.tp_comm, p.pp_comm, p.dp_comm, p.optimizer_s);
-    EXPECT_LT(std::abs(err), 0.25) << r.billions << "B";
+    EXPECT_LT(std::abs(err), 0.15) << r.billions << "B";
+    (err < 0 ? below : above) += 1;
+    within10 += std::abs(err) < 0.10;
   }
+  std::printf("%d of 11 rows within 10%%; %d predicted below the paper, %d above\n", within10,
+              below, above);
+  // No systematic bias: the model is not optimistic (or pessimistic) in one direction.
+  EXPECT_GE(below, 2);
+  EXPECT_GE(above, 2);
 }
 
 TEST(Plan, ZeroMemoryPerParameter) {
@@ -115,7 +125,7 @@ TEST(Plan, ZeroMemoryPerParameter) {
         "ZeRO stage %d: 7.5B on 64 GPUs, %.2f GB per GPU of model state (published %.1f, "
         "%+.1f%%), %.2f bytes per parameter\n",
         z, gb, published[z], 100 * (gb - published[z]) / published[z], gb * 1e9 / psi);
-    EXPECT_LT(std::abs(gb - published[z]) / published[z], 0.25);
+    EXPECT_LE(std::abs(gb - published[z]), 0.05) << "exact to the paper's 0.1 GB";
   }
 }
 
@@ -134,7 +144,7 @@ TEST(Plan, LlmcGpt2SmallOn8A100) {
       "predicted %.0f ms (%+.1f%%): compute %.0f, dp %.1f, optimizer %.1f ms\n",
       published_s * 1e3, p.step_s() * 1e3, 100 * err, p.compute * 1e3, p.dp_comm * 1e3,
       p.optimizer_s * 1e3);
-  EXPECT_LT(std::abs(err), 0.25);
+  EXPECT_LT(std::abs(err), 0.15);
 }
 
 // GPT-3 175B's shape on 128 x 8 A100 80GB, batch 1536: every layout, best first (computed
@@ -187,7 +197,7 @@ TEST(Plan, ExplainSumsToTheTotal) {
 // the bound, so the difference lies in the terms a layout changes (recompute, bubble,
 // communication), printed largest first.
 TEST(Plan, FirstChoiceAgainstThePublishedGpt3Layout) {
-  constexpr double kBound = 0.25;  // MegatronTableWithin25Percent's
+  constexpr double kBound = 0.15;  // MegatronTableWithin15PercentBothSigns's
   const ModelShape m = gpt(96, 12288, 96);
   Cluster c;
   c.per_node = 8, c.nodes = 128, c.device = gpu_device("a100-80");

@@ -19,17 +19,105 @@ double ring_s(double bytes, int n, double passes, double gbps, double alpha_us =
   return passes * (n - 1.0) / n * bytes / (gbps * 1e9) + passes * (n - 1) * alpha_us * 1e-6;
 }
 
+// GPU operations, as Calculon models them (Isaev et al., "Calculon: a Methodology and Tool
+// for High-Level Co-Design of Systems and Large Language Models", SC '23; the constants are
+// its systems/a100_80g.json and h100_80g_nvl8.json): an operation's FLOPs at the matrix
+// unit's (products) or the vector unit's (everything else) peak times an efficiency that
+// grows with the operation's size, plus the bytes it moves at the HBM bandwidth times an
+// efficiency that grows with the transfer — the two not overlapped ("no_overlap").
+struct Step {
+  double at_least, efficiency;
+};
+constexpr Step kMatrixEfficiency[] = {{128e9, 0.95}, {16e9, 0.9}, {1e9, 0.6}, {0, 0.1}};  // FLOPs
+constexpr Step kVectorEfficiency[] = {{16e9, 0.95}, {1e9, 0.5}, {0, 0.1}};                // FLOPs
+constexpr Step kHbmEfficiency[] = {{100e6, 0.9}, {10e6, 0.75}, {1e6, 0.6}, {0, 0.3}};     // bytes
+// The share of a link's bandwidth that collectives reach (the same files).
+constexpr double kNvlinkEfficiency = 0.6, kInfinibandEfficiency = 0.9;
+constexpr double kNvlinkLatencyUs = 1, kInfinibandLatencyUs = 2;
+
+template <size_t N>
+double efficiency(const Step (&table)[N], double size) {
+  for (const Step& st : table)
+    if (size >= st.at_least) return st.efficiency;
+  return table[N - 1].efficiency;
+}
+
+struct GpuOp {
+  double flops, bytes;
+  bool matrix;
+};
+
+double op_s(const Device& d, const GpuOp& op) {
+  const double peak = (op.matrix ? d.peak_tflops : d.vector_tflops) * 1e12;
+  const double eff =
+      op.matrix ? efficiency(kMatrixEfficiency, op.flops) : efficiency(kVectorEfficiency, op.flops);
+  const double f = op.flops > 0 ? op.flops / (peak * eff) : 0;
+  const double m =
+      op.bytes > 0 ? op.bytes / (d.hbm_gbps * 1e9 * efficiency(kHbmEfficiency, op.bytes)) : 0;
+  return f + m;
+}
+
+// One transformer layer's forward operations on one tensor-parallel rank, 16-bit values
+// (Megatron-LM's layer: LayerNorm, QKV, attention, projection, dropout + residual,
+// LayerNorm, MLP with GeLU, dropout + residual); with sequence parallelism the norms,
+// dropouts and residuals see 1/t of the tokens. FLOPs of elementwise work per element:
+// LayerNorm 7, softmax 5, GeLU 8, dropout 2, residual 1 (they are memory-bound anyway).
+std::vector<GpuOp> layer_ops(double b, double s, double h, double a, int t, bool sp, bool flash) {
+  const double e = 2, N = b * s, hs = h / t, rows = sp ? N / t : N, heads = a / t;
+  const double scores = b * heads * s * s;
+  std::vector<GpuOp> ops = {
+      {7 * rows * h, e * 2 * rows * h, false},                             // LayerNorm 1
+      {2 * N * h * 3 * hs, e * (N * h + h * 3 * hs + N * 3 * hs), true}};  // QKV
+  if (flash) {
+    ops.push_back({4 * b * s * s * hs, e * 4 * N * hs, true});  // fused attention
+  } else {
+    ops.push_back({2 * b * s * s * hs, e * (2 * N * hs + scores), true});  // Q K^T
+    ops.push_back({5 * scores, e * 2 * scores, false});                    // softmax
+    ops.push_back({2 * scores, (2 * e + 1) * scores, false});              // dropout
+    ops.push_back({2 * b * s * s * hs, e * (scores + 2 * N * hs), true});  // x V
+  }
+  const std::vector<GpuOp> rest = {
+      {2 * N * hs * h, e * (N * hs + hs * h + N * h), true},              // projection
+      {3 * rows * h, (3 * e + 1) * rows * h, false},                      // dropout + residual
+      {7 * rows * h, e * 2 * rows * h, false},                            // LayerNorm 2
+      {2 * N * h * 4 * hs, e * (N * h + 4 * h * hs + 4 * N * hs), true},  // MLP up
+      {8 * 4 * N * hs, e * 2 * 4 * N * hs, false},                        // GeLU
+      {2 * N * 4 * hs * h, e * (4 * N * hs + 4 * hs * h + N * h), true},  // MLP down
+      {3 * rows * h, (3 * e + 1) * rows * h, false}};                     // dropout + residual
+  ops.insert(ops.end(), rest.begin(), rest.end());
+  return ops;
+}
+
+// The embedding, final LayerNorm, the head's logits and the vocabulary-parallel loss (in
+// fp32), forward, on one tensor-parallel rank.
+std::vector<GpuOp> ends_ops(double b, double s, double h, double V, int t, bool sp) {
+  const double e = 2, N = b * s, rows = sp ? N / t : N, Vt = V / t;
+  return {{0, e * 2 * N * h, false},                              // embedding rows + positions
+          {7 * rows * h, e * 2 * rows * h, false},                // final LayerNorm
+          {2 * N * h * Vt, e * (N * h + h * Vt + N * Vt), true},  // logits
+          {5 * N * Vt, (e + 4) * N * Vt, false}};                 // softmax cross-entropy
+}
+
+// Forward + backward (each operation's backward twice its forward: two products per
+// product, gradient and saved input read per elementwise op) and the recomputed forward.
+double forward_s(const Device& d, const std::vector<GpuOp>& ops) {
+  double sum = 0;
+  for (const GpuOp& op : ops) sum += op_s(d, op);
+  return sum;
+}
+
 }  // namespace
 
 Device gpu_device(const std::string& name) {
   // Published figures: dense bf16 peak, memory, HBM bandwidth, NVLink per direction (half
   // the bidirectional figure), one InfiniBand HCA per GPU (HDR 200 Gb/s on DGX A100, NDR
-  // 400 Gb/s on DGX H100/H200). The GEMM efficiency (0.8 of peak for large products) is the
-  // model's one assumption about the software (docs/architecture.md, the planner).
-  if (name == "a100-40") return {"a100-40", 312, 40, 1555, 300, 25, 0.8, false};
-  if (name == "a100-80" || name == "a100") return {"a100-80", 312, 80, 2039, 300, 25, 0.8, false};
-  if (name == "h100") return {"h100", 989, 80, 3350, 450, 50, 0.8, false};
-  if (name == "h200") return {"h200", 989, 141, 4800, 450, 50, 0.8, false};
+  // 400 Gb/s on DGX H100/H200), the vector (non-tensor) fp16 peak: A100 78 TFLOP/s from its
+  // datasheet, H100/H200 120 as Calculon's h100_80g_nvl8.json models it. How much of each
+  // the software reaches: the efficiency tables above (docs/architecture.md, the planner).
+  if (name == "a100-40") return {"a100-40", 312, 40, 1555, 300, 25, 78, false};
+  if (name == "a100-80" || name == "a100") return {"a100-80", 312, 80, 2039, 300, 25, 78, false};
+  if (name == "h100") return {"h100", 989, 80, 3350, 450, 50, 120, false};
+  if (name == "h200") return {"h200", 989, 141, 4800, 450, 50, 120, false};
   throw UserError("device '" + name + "' is not in the planner's table",
                   "use cpu (measured here), a100-40, a100-80, h100 or h200");
 }
@@ -149,23 +237,27 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   // Compute of one microbatch through a run of units: GPUs by FLOPs and bytes; the CPU by
   // the measured block and embedding + head, between their alone and all-ranks-busy costs
   // by `share` (how busy the other ranks are meanwhile).
-  const double gemm_rate = d.peak_tflops * 1e12 * d.gemm_efficiency;
   auto mix = [](double alone, double busy, double share) { return alone + (busy - alone) * share; };
-  // A layer's forward (GPUs); its forward + backward is 3 of them (B = 2F), and a recomputed
-  // layer runs the forward once more (`recompute_layer_s`; the CPU's measured block has it).
-  auto layer_fwd_s = [&]() {
-    const double flops = (24 * b * s * h * h + 4 * b * s * s * h) / t;
-    return flops / gemm_rate + 2 * layer_act / (d.hbm_gbps * 1e9);
-  };
+  // A layer's forward (GPUs: its operations, above); its forward + backward is 3 of them
+  // (B = 2F), and a recomputed layer runs the forward once more (`recompute_layer_s`; the
+  // CPU's measured block has it).
+  const double layer_fwd_s =
+      d.cpu
+          ? 0.0
+          : forward_s(d, layer_ops(b, s, h, a, t, l.sequence_parallel && t > 1, m.flash_attention));
+  const double ends_fwd_s =
+      d.cpu ? 0.0 : forward_s(d, ends_ops(b, s, h, m.vocab, t, l.sequence_parallel && t > 1));
   auto layer_s = [&](double share) {
     if (d.cpu) return mix(cpu->block_s, cpu->block_busy_s, share);
-    return 3 * layer_fwd_s();
+    return 3 * layer_fwd_s;
   };
-  const double recompute_layer_s = !d.cpu && l.recompute ? layer_fwd_s() : 0.0;
+  const double recompute_layer_s = !d.cpu && l.recompute ? layer_fwd_s : 0.0;
   auto head_s = [&](double share) {
     if (d.cpu) return mix(cpu->ends_s, cpu->ends_busy_s, share);
-    return 3 * 2 * b * s * h * m.vocab / t / gemm_rate + 3 * head_act / (d.hbm_gbps * 1e9);
+    return 3 * ends_fwd_s;
   };
+  // Links as collectives reach them (GPUs: the share above, and a latency per ring step).
+  const double nvlink = d.intra_gbps * kNvlinkEfficiency, ib = d.inter_gbps * kInfinibandEfficiency;
   // Tensor-parallel collectives per layer and microbatch: 2 allreduces of (b,s,h) forward,
   // 2 backward, 2 more in a recomputed forward (with sequence parallelism the allgathers
   // and reduce-scatters move the same bytes); the embedding's and head's, and the
@@ -174,10 +266,11 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   const double act_msg = b * s * h * value_bytes;
   const double tp_layer =
       (l.recompute ? 6 : 4) * (d.cpu ? ring_s(act_msg, t, 2, cpu->shm_gbps, cpu->shm_alpha_us)
-                                     : ring_s(act_msg, t, 2, d.intra_gbps));
+                                     : ring_s(act_msg, t, 2, nvlink, kNvlinkLatencyUs));
   const double tp_ends = d.cpu ? 2 * ring_s(act_msg, t, 2, cpu->shm_gbps, cpu->shm_alpha_us) +
                                      3 * ring_s(4 * b * s, t, 2, cpu->shm_gbps, cpu->shm_alpha_us)
-                               : 2 * ring_s(act_msg, t, 2, d.intra_gbps);
+                               : 2 * ring_s(act_msg, t, 2, nvlink, kNvlinkLatencyUs) +
+                                     3 * ring_s(4 * b * s, t, 2, nvlink, kNvlinkLatencyUs);
   // Per virtual stage: its compute and communication.
   std::vector<double> share(P, 1.0);  // a lone stage: every rank busy (dp, tp)
   std::vector<double> comp(P), comm(P), recomp(P);
@@ -224,9 +317,11 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
     p.tp_comm = M * comm[w];
     p.bubble = std::max(0.0, timing.makespan - M * (comp[w] + recomp[w] + comm[w]));
     const bool cross = t * P > c.per_node;  // stages on other machines (tp fastest, then pp)
-    const double link = d.cpu ? cpu->shm_gbps : (cross ? d.inter_gbps : d.intra_gbps);
+    const double link = d.cpu ? cpu->shm_gbps : (cross ? ib : nvlink);
+    const double lat_us =
+        d.cpu ? cpu->shm_alpha_us : (cross ? kInfinibandLatencyUs : kNvlinkLatencyUs);
     const double msg = act_msg / (l.sequence_parallel ? t : 1);
-    p.pp_comm = M * 2 * msg / (link * 1e9) * V;
+    p.pp_comm = M * 2 * (msg / (link * 1e9) + lat_us * 1e-6) * V;
   } else {
     p.compute = M * comp[0];
     p.recompute = M * recomp[0];
@@ -282,8 +377,9 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   }
   const double gbytes = psi_max * value_bytes;
   const bool cross = c.nodes > 1;
-  const double link = d.cpu ? cpu->shm_gbps : (cross ? d.inter_gbps : d.intra_gbps);
-  const double alpha = d.cpu ? cpu->shm_alpha_us : 0;
+  const double link = d.cpu ? cpu->shm_gbps : (cross ? ib : nvlink);
+  const double alpha =
+      d.cpu ? cpu->shm_alpha_us : (cross ? kInfinibandLatencyUs : kNvlinkLatencyUs);
   // Each term's passes over the data-parallel group, in bytes: the gradients' reduction
   // (dp_comm) and ZeRO's parameter gathers (zero_comm); their time is the ring's, split
   // between the two by bytes.
@@ -310,9 +406,9 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
     p.zero_comm = total - p.dp_comm;
   }
   const double opt_params = l.zero >= 1 && S > 1 ? psi_max / S : psi_max;
-  p.optimizer_s =
-      d.cpu ? opt_params / cpu->adamw_params_per_s
-            : opt_params * 34 / (d.hbm_gbps * 1e9);  // fp32 p, m, v, g in; p, m, v, bf16 p out
+  p.optimizer_s = d.cpu ? opt_params / cpu->adamw_params_per_s
+                        : opt_params * 34 /  // fp32 p, m, v, g in; p, m, v, bf16 p out
+                              (d.hbm_gbps * 1e9 * efficiency(kHbmEfficiency, opt_params * 34));
   p.tflops_per_device = m.step_flops(global_batch, l.recompute) / p.step_s() / c.world() / 1e12;
   p.fits = p.memory() <= d.mem_gb * 1e9 * (d.cpu ? 1.0 : 0.9);
   return p;

@@ -10,9 +10,10 @@
 // formulas (GPUs) or loom's fp32 ones (docs/perf.md), times the microbatches the schedule
 // keeps in flight.
 //
-// Time (seconds per step): compute = FLOPs / (peak x GEMM efficiency) + activation traffic
-// / memory bandwidth (GPUs: device table below; CPU: the measured time of loom's own
-// block, embedding and head at this shape, calibrate.h); tensor-parallel collectives and
+// Time (seconds per step): compute = per operation of the layer, FLOPs at an efficiency by
+// size plus bytes over HBM at an efficiency by size, not overlapped (GPUs: Calculon's model
+// and constants, planner.cc; CPU: the measured time of loom's own block, embedding and head
+// at this shape, calibrate.h); tensor-parallel collectives and
 // data-parallel gradient synchronisation by ring formulas over the link bandwidths (CPU:
 // the tuning table's shared-memory cost model); the pipeline's step = the schedule's
 // makespan with the slowest stage's costs (parallel/pipeline_schedule.h simulator); the
@@ -29,12 +30,12 @@ namespace loom::plan {
 // One device, as published (GPUs) or as measured (cpu).
 struct Device {
   std::string name;
-  double peak_tflops = 0;      // dense 16-bit (GPUs; the CPU has measured costs instead)
-  double mem_gb = 0;           // per device (cpu: the machine's memory / ranks on it)
-  double hbm_gbps = 0;         // memory bandwidth
-  double intra_gbps = 0;       // per device and direction inside a machine (NVLink)
-  double inter_gbps = 0;       // per device and direction between machines (InfiniBand)
-  double gemm_efficiency = 0;  // share of peak a large matrix product reaches
+  double peak_tflops = 0;    // dense 16-bit (GPUs; the CPU has measured costs instead)
+  double mem_gb = 0;         // per device (cpu: the machine's memory / ranks on it)
+  double hbm_gbps = 0;       // memory bandwidth
+  double intra_gbps = 0;     // per device and direction inside a machine (NVLink)
+  double inter_gbps = 0;     // per device and direction between machines (InfiniBand)
+  double vector_tflops = 0;  // the non-tensor (elementwise) 16-bit peak
   bool cpu = false;
 };
 // a100-40, a100-80, h100, h200 (published figures; docs/architecture.md); UserError
