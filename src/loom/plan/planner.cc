@@ -98,8 +98,9 @@ std::vector<GpuOp> ends_ops(double b, double s, double h, double V, int t, bool 
           {5 * N * Vt, (e + 4) * N * Vt, false}};                 // softmax cross-entropy
 }
 
-// Forward + backward (each operation's backward twice its forward: two products per
-// product, gradient and saved input read per elementwise op) and the recomputed forward.
+// The forward time of `ops`. The caller makes forward + backward 3 of it (each operation's
+// backward twice its forward: two products per product, gradient and saved input read per
+// elementwise op), and a recomputed forward one more.
 double forward_s(const Device& d, const std::vector<GpuOp>& ops) {
   double sum = 0;
   for (const GpuOp& op : ops) sum += op_s(d, op);

@@ -80,9 +80,6 @@ double peak_rss_bytes() {
   return static_cast<double>(ru.ru_maxrss) * 1024.0;
 }
 
-}  // namespace
-
-namespace {
 // The model the config names, with its [model] shape keys applied (a custom shape).
 model::GptConfig model_of(const TrainConfig& c) {
   model::GptConfig g = model::GptConfig::named(c.model_name)
@@ -92,6 +89,7 @@ model::GptConfig model_of(const TrainConfig& c) {
   g.validate();
   return g;
 }
+
 }  // namespace
 
 Trainer::Trainer(TrainConfig cfg, const TrainOptions& opt)
