@@ -99,6 +99,7 @@ std::string describe(const launch::Change& c) {
     case C::kJobFailed:
       return "the job failed: " + c.detail;
     case C::kLeaseLost:
+    case C::kEtcdLost:
       return c.detail;
     case C::kNone:
       break;
@@ -109,14 +110,19 @@ std::string describe(const launch::Change& c) {
 // The job on this machine as one of several (see the file's comment).
 int run_machines(const Args& a, launch::LaunchOptions lo, bool is_train) {
   const auto [min_nodes, max_nodes] = parse_nnodes(a.nnodes.empty() ? "1" : a.nnodes);
-  std::string endpoint = a.rdzv;
-  if (endpoint.rfind("etcd://", 0) == 0)
-    endpoint = "http://" + endpoint.substr(7);
-  else if (endpoint.rfind("etcds://", 0) == 0)
-    endpoint = "https://" + endpoint.substr(8);
-  else
+  // etcd://HOST:PORT (or etcds:// for TLS), or a cluster's members: etcd://A:P,B:P,C:P.
+  const bool tls = a.rdzv.rfind("etcds://", 0) == 0;
+  if (!tls && a.rdzv.rfind("etcd://", 0) != 0)
     throw UserError("--rdzv '" + a.rdzv + "' is not etcd://HOST:PORT or etcds://HOST:PORT",
-                    "e.g. --rdzv etcd://10.0.0.1:2379 (etcd's client URL)");
+                    "e.g. --rdzv etcd://10.0.0.1:2379 (etcd's client URL), or a cluster's "
+                    "members: etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379");
+  std::string endpoint;
+  for (std::string rest = a.rdzv.substr(tls ? 8 : 7); !rest.empty();) {
+    const size_t comma = std::min(rest.find(','), rest.size());
+    endpoint += std::string(endpoint.empty() ? "" : ",") + (tls ? "https://" : "http://") +
+                rest.substr(0, comma);
+    rest.erase(0, std::min(comma + 1, rest.size()));
+  }
   if (a.rdzv_id.empty())
     throw UserError("--rdzv needs --rdzv-id JOB, the same on every machine of the job",
                     "e.g. --rdzv-id gpt-run-7");
@@ -169,10 +175,15 @@ int run_machines(const Args& a, launch::LaunchOptions lo, bool is_train) {
       while (running) {
         if (int sig = g_signal.load()) forward = sig;
         launch::Change c;
-        try {
-          c = rdzv.watch(m, 0.5);
-        } catch (const Error&) {  // etcd unreachable for a moment: the leases decide
-          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        if (rdzv.etcd_failing()) {  // a watch would wait on etcd: look at its health only
+          c = rdzv.etcd_change();
+          if (!c) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        } else {
+          try {
+            c = rdzv.watch(m, 0.5);
+          } catch (const Error&) {  // etcd unreachable for a moment: the leases decide
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          }
         }
         if (!c) continue;
         change = c;
@@ -191,14 +202,21 @@ int run_machines(const Args& a, launch::LaunchOptions lo, bool is_train) {
     running = false;
     monitor.join();
     if (res.ok()) {
-      rdzv.finish(m);
+      try {
+        rdzv.finish(m);
+      } catch (const launch::EtcdUnavailable& e) {  // the job is done all the same
+        std::fprintf(stderr,
+                     "loom run: the ranks finished; etcd could not be told (%s): the job's keys "
+                     "expire with the leases\n",
+                     e.what());
+      }
       return 0;
     }
     if (g_signal.load()) {
       std::fprintf(stderr, "loom run: stopped by signal %d\n", g_signal.load());
       return 130;
     }
-    if (!change) {
+    if (!change && !rdzv.etcd_failing()) {
       try {
         change = rdzv.watch(m, 0);  // did a change elsewhere stop our ranks?
       } catch (const Error&) {
@@ -207,7 +225,19 @@ int run_machines(const Args& a, launch::LaunchOptions lo, bool is_train) {
     const launch::RankExit* e = res.first_failure >= 0 ? &res.ranks[res.first_failure] : nullptr;
     std::string why;
     using C = launch::Change;
+    // Ranks that failed while etcd is away: most likely stopped by another machine's launcher
+    // that saw etcd lost first; this machine waits for etcd with them.
+    if (!change && !res.ok() && !res.timed_out && rdzv.etcd_failing() &&
+        !(e && (e->exit_code == 2 || e->exit_code == loom::kExitDiverged)))
+      change = {C::kEtcdLost, rdzv.etcd_problem()};
     switch (change.kind) {
+      case C::kEtcdLost:  // not the job's fault: no restart counted
+        std::fprintf(stderr,
+                     "loom run: %s; this machine's ranks were stopped: they resume from the "
+                     "latest checkpoint when etcd answers again\n",
+                     describe(change).c_str());
+        rdzv.next_round(m);  // waits for etcd
+        continue;
       case C::kJoinerWaiting:
         std::fprintf(stderr, "loom run: %s; meeting again\n", describe(change).c_str());
         rdzv.next_round(m);

@@ -27,6 +27,11 @@ its own /dev/shm and host identity, joined by veth links to a bridge).
                                             stopped with SIGSTOP (a hang) and a machine's
                                             traffic dropped by iptables: each reported,
                                             the job goes on, losses one process's
+  cluster_e2e.py LOOM WORKDIR etcd_cluster  the same job against a 3-member etcd cluster (a
+                                            member on each machine): a follower killed,
+                                            then the leader, cost no restart; two killed,
+                                            every launcher stops naming the quorum loss
+                                            and the job resumes when they are back
 """
 import json
 import os
@@ -284,14 +289,15 @@ class RdzvJob:
     """`loom run --rdzv etcd://...` of one training run on each machine (the command line a
     user types on every machine of a cluster), with the job's logs and progress."""
 
-    def __init__(self, T, d, extra, steps, job, timeout_s=60, watchdog_s=60, last_call_s=3):
+    def __init__(self, T, d, extra, steps, job, timeout_s=60, watchdog_s=60, last_call_s=3,
+                 rdzv=None):
         self.d, self.job = d, job
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
         self.env = dict(os.environ, LOOM_JOB_TOKEN=secrets.token_hex(16),
                         LOOM_TIMEOUT_S=str(timeout_s), LOOM_WATCHDOG_S=str(watchdog_s))
         self.argv = [LOOM, "run", "--nnodes", "2:3", "--nproc-per-node", str(PER_MACHINE),
-                     "--rdzv", "etcd://%s:2379" % addr(0), "--rdzv-id", job,
+                     "--rdzv", rdzv or "etcd://%s:2379" % addr(0), "--rdzv-id", job,
                      "--rdzv-last-call", str(last_call_s), "--max-restarts", "2", "--",
                      LOOM] + T.args(d, *extra, steps=steps)
         self.procs, self.logs, self.gone = {}, {}, set()
@@ -503,10 +509,147 @@ def faults():
     compare("faults: etcd restart, a stopped rank, a cut machine", losses(job.d), base)
 
 
+class EtcdMembers:
+    """A 3-member etcd cluster, one member on each machine (client port 2379, peer 2380),
+    its members killed (SIGKILL) and started again on their data as an operator would."""
+
+    def __init__(self):
+        self.data = os.path.join(WORK, "etcd-cluster")
+        shutil.rmtree(self.data, ignore_errors=True)
+        self.urls = ["http://%s:2379" % addr(m) for m in range(MACHINES)]
+        self.initial = ",".join("e%d=http://%s:2380" % (m, addr(m)) for m in range(MACHINES))
+        self.procs = {}
+        for m in range(MACHINES):
+            self.start(m)
+        for m in range(MACHINES):
+            self.wait_ready(m)
+
+    def rdzv(self):
+        return "etcd://" + ",".join(u[len("http://"):] for u in self.urls)
+
+    def start(self, m):
+        peer = "http://%s:2380" % addr(m)
+        log = open(os.path.join(WORK, "etcd-e%d.log" % m), "a")
+        self.procs[m] = subprocess.Popen(
+            ["bash", CLUSTER, "exec", str(m), "etcd", "--name", "e%d" % m,
+             "--data-dir", os.path.join(self.data, "e%d" % m),
+             "--listen-client-urls", self.urls[m], "--advertise-client-urls", self.urls[m],
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", self.initial, "--initial-cluster-state", "new"],
+            stdout=log, stderr=subprocess.STDOUT)
+
+    def ctl(self, m, *args):
+        return subprocess.run(["bash", CLUSTER, "exec", str(m), "etcdctl", "--endpoints",
+                               self.urls[m], "--command-timeout=2s", *args],
+                              capture_output=True, text=True)
+
+    def wait_ready(self, m):
+        wait_for(lambda: self.ctl(m, "get", "probe").returncode == 0, 60,
+                 "etcd member e%d to serve a read" % m)
+
+    def leader(self):
+        """The member that leads now, as the running members see it."""
+        def find():
+            ids, lead = {}, None
+            for m in self.procs:
+                r = self.ctl(m, "endpoint", "status", "-w", "json")
+                if r.returncode == 0:
+                    st = json.loads(r.stdout)[0]["Status"]
+                    ids[st["header"]["member_id"]] = m
+                    lead = st.get("leader") or lead
+            return ids.get(lead)
+        wait_for(lambda: find() is not None, 30, "an etcd leader")
+        return find()
+
+    def kill(self, m):
+        p = self.procs.pop(m)
+        p.kill()
+        p.wait()
+
+    def stop(self):
+        for m in list(self.procs):
+            self.kill(m)
+
+
+def etcd_cluster():
+    """`loom run --rdzv etcd://A,B,C` against a 3-member etcd cluster across the machines: a
+    follower killed, then the leader, cost no restart (the launchers move to a live member);
+    two of three killed, every launcher stops its ranks within the lease time naming etcd's
+    quorum loss, and the job resumes from its checkpoint when the members are back."""
+    T = Trainer(LOOM, prepare_data(LOOM, WORK))
+    # Enough steps that the job still trains after the quorum's loss is noticed (~10 s,
+    # ~60-80 steps here); lr 1e-3 keeps them within 1e-6 of one process (see faults()).
+    steps = 160
+    extra = ELASTIC_ARGS + ["--set", "optim.lr=1e-3"]
+    base = one_process(T, "etcdc_one", steps, extra)
+    etcd = EtcdMembers()
+    job = RdzvJob(T, os.path.join(WORK, "etcdc"), extra, steps, "etcd-cluster-e2e",
+                  rdzv=etcd.rdzv())
+    logs = lambda: "".join(job.log(m) for m in range(MACHINES))  # noqa: E731
+    try:
+        for m in range(MACHINES):
+            job.launch(m, "run")
+        job.wait(lambda: job.step() >= 4, 300, "the 3 machines to train 4 steps")
+        # A follower dies (member 0, the one every launcher uses, if it follows), then the
+        # leader: one member down at a time, each started again before the next.
+        lead = etcd.leader()
+        for what in ("follower", "leader"):
+            victim = lead if what == "leader" else (0 if lead != 0 else 1)
+            etcd.kill(victim)
+            at = job.step()
+            job.wait(lambda: job.step() >= at + 3, 120,
+                     "training to go on with etcd's %s e%d down" % (what, victim))
+            if "round 1" in job.log(0):
+                fail("etcd's %s killed: the job restarted:\n%s" % (what, logs()[-3000:]))
+            print("ok  etcd's %s (e%d) killed at step %d: the job trained on in round 0" %
+                  (what, victim, at))
+            etcd.start(victim)
+            etcd.wait_ready(victim)
+            lead = etcd.leader()
+        if "now using http://" not in logs():
+            fail("member e0 was killed, but no launcher said it moved to another member:\n" +
+                 logs()[-3000:])
+        # Two of three down: no quorum. Every launcher stops its ranks, naming it.
+        at = job.step()
+        if at > steps - 100:
+            fail("the quorum loss would come at step %d of %d: too late (raise steps)" %
+                 (at, steps))
+        for m in (1, 2):
+            etcd.kill(m)
+        lost = time.time()
+        def stopped(m):
+            log = job.log(m)
+            return "etcd has lost its quorum" in log and (
+                "stopping this machine's ranks" in log or "ranks were stopped: they resume" in log)
+        job.wait(lambda: all(stopped(m) for m in range(MACHINES)), 60,
+                 "every launcher to stop its ranks, naming etcd's quorum loss")
+        noticed = time.time() - lost
+        # The bound: the lease's TTL (10 s) from the last keep-alive, plus one failing
+        # keep-alive attempt (2 s) and its diagnosis (1 s per member), plus slack.
+        if noticed > 18:
+            fail("etcd's quorum loss was acted on after %.1f s (lease TTL 10 s; 18 s allowed)"
+                 % noticed)
+        print("ok  2 of 3 etcd members killed at step %d: every launcher stopped its ranks "
+              "after %.1f s, naming the quorum loss" % (at, noticed))
+        time.sleep(2)
+        for m in (1, 2):
+            etcd.start(m)
+        back = time.time()
+        job.round_met(1, MACHINES)
+        print("ok  etcd's members back: the 3 machines met in round 1 after %.1f s and resume"
+              % (time.time() - back))
+        job.finish([0, 1])
+    finally:
+        job.kill()
+        etcd.stop()
+    compare("etcd cluster: a follower, the leader, then the quorum lost", losses(job.d), base)
+
+
 if __name__ == "__main__":
     os.makedirs(WORK, exist_ok=True)
     cluster("up", str(MACHINES))
     try:
-        {"collectives": collectives, "train": train, "elastic": elastic, "faults": faults}[MODE]()
+        {"collectives": collectives, "train": train, "elastic": elastic, "faults": faults,
+         "etcd_cluster": etcd_cluster}[MODE]()
     finally:
         cluster("down")

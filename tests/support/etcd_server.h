@@ -128,4 +128,107 @@ class EtcdServer {
   pid_t pid_ = -1;
 };
 
+// A real etcd cluster of n members on loopback ports (member i: client port P_i, peer port
+// P_i + 1), its data in a scratch folder. A member can be killed (SIGKILL: a crash) and
+// started again on its data, as an operator would.
+class EtcdCluster {
+ public:
+  explicit EtcdCluster(int n) {
+    dir_ =
+        std::filesystem::temp_directory_path() / ("loom-etcd-cluster-" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir_);
+    std::string initial;
+    for (int i = 0; i < n; ++i) {
+      const int port = etcd_free_port();
+      urls_.push_back("http://127.0.0.1:" + std::to_string(port));
+      peers_.push_back("http://127.0.0.1:" + std::to_string(port + 1));
+      initial += (i ? "," : "") + name(i) + "=" + peers_.back();
+    }
+    initial_ = initial;
+    pids_.assign(n, -1);
+    for (int i = 0; i < n; ++i) start(i);
+    for (int i = 0; i < n; ++i) wait_ready(i);
+  }
+  ~EtcdCluster() {
+    for (size_t i = 0; i < pids_.size(); ++i) kill(static_cast<int>(i));
+    std::filesystem::remove_all(dir_);
+  }
+  EtcdCluster(const EtcdCluster&) = delete;
+  EtcdCluster& operator=(const EtcdCluster&) = delete;
+
+  const std::string& url(int i) const { return urls_[i]; }
+  std::string urls() const {  // every member, comma-separated
+    std::string all;
+    for (const std::string& u : urls_) all += (all.empty() ? "" : ",") + u;
+    return all;
+  }
+  // The member that leads now (asked of every running member), or -1.
+  int leader() {
+    std::vector<std::string> ids(urls_.size());
+    std::string leader;
+    for (size_t i = 0; i < urls_.size(); ++i) {
+      if (pids_[i] < 0) continue;
+      try {
+        const Etcd::Status s = Etcd(urls_[i], {}, 1, false).status();
+        ids[i] = s.member_id;
+        if (!s.leader.empty()) leader = s.leader;
+      } catch (const PeerError&) {
+      }
+    }
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (!leader.empty() && ids[i] == leader) return static_cast<int>(i);
+    return -1;
+  }
+  void kill(int i) {
+    if (pids_[i] < 0) return;
+    ::kill(pids_[i], SIGKILL);
+    waitpid(pids_[i], nullptr, 0);
+    pids_[i] = -1;
+  }
+  // Starts member i (again, on its data); returns at once.
+  void start(int i) {
+    const std::string data = (dir_ / name(i)).string(), log = data + ".log";
+    std::filesystem::create_directories(dir_);
+    std::vector<std::string> args = {"etcd",    "--name",
+                                     name(i),   "--data-dir",
+                                     data,      "--listen-client-urls",
+                                     urls_[i],  "--advertise-client-urls",
+                                     urls_[i],  "--listen-peer-urls",
+                                     peers_[i], "--initial-advertise-peer-urls",
+                                     peers_[i], "--initial-cluster",
+                                     initial_,  "--initial-cluster-state",
+                                     "new"};
+    pids_[i] = fork();
+    if (pids_[i] == 0) {
+      if (!freopen(log.c_str(), "a", stderr)) _exit(126);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execvp("etcd", argv.data());
+      _exit(127);
+    }
+  }
+  // Member i serves a read (so the cluster has a leader), within 30 s.
+  void wait_ready(int i) {
+    Etcd probe(urls_[i], {}, 1, false);
+    for (int t = 0; t < 300; ++t) {
+      try {
+        probe.get("probe");
+        return;
+      } catch (const PeerError&) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
+    throw std::runtime_error("etcd member " + name(i) + " did not serve a read within 30 s; see " +
+                             (dir_ / name(i)).string() + ".log");
+  }
+
+ private:
+  static std::string name(int i) { return "m" + std::to_string(i); }
+  std::filesystem::path dir_;
+  std::vector<std::string> urls_, peers_;
+  std::string initial_;
+  std::vector<pid_t> pids_;
+};
+
 }  // namespace loom::test

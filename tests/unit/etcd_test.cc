@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <thread>
 #include <vector>
 
@@ -134,6 +135,55 @@ TEST(Etcd, TlsWithClientCertificates) {
 TEST(Etcd, PrefixEnd) {
   EXPECT_EQ(etcd_prefix_end("a/"), "a0");
   EXPECT_EQ(etcd_prefix_end(std::string("a\xff", 2)), "b");
+}
+
+// A 3-member cluster: calls move to the next member when the one in use dies (and say so),
+// go on while a majority lives, and name the quorum's loss when only one member is left.
+TEST(EtcdCluster, CallsMoveOnAndQuorumLossIsNamed) {
+  test::EtcdCluster cluster(3);
+  Etcd e(cluster.urls(), {}, 3);
+  e.put("q/k", "1");
+  EXPECT_EQ(e.endpoint(), cluster.url(0));
+
+  cluster.kill(0);  // the member in use
+  testing::internal::CaptureStderr();
+  e.put("q/k", "2");
+  const std::string said = testing::internal::GetCapturedStderr();
+  std::printf("member 0 killed: %s", said.c_str());
+  EXPECT_NE(e.endpoint(), cluster.url(0));
+  EXPECT_NE(said.find("now using " + e.endpoint()), std::string::npos) << said;
+  EXPECT_EQ(e.get("q/k")->value, "2");
+
+  // Then the leader of the two left (if member 0 led, a new one was elected).
+  int leader = -1;
+  for (int t = 0; t < 100 && leader < 0; ++t) {
+    leader = cluster.leader();
+    if (leader < 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GT(leader, 0);
+  cluster.kill(leader);
+  const int alive = 3 - leader;  // 1 or 2
+  try {
+    e.put("q/k", "3");
+    FAIL() << "a write with 1 of 3 members alive succeeded";
+  } catch (const EtcdUnavailable& err) {
+    const std::string what = err.what();
+    std::printf("with 1 of 3 members: %s\n", what.c_str());
+    EXPECT_TRUE(err.quorum_lost()) << what;
+    EXPECT_NE(
+        what.find("etcd has lost its quorum: " + cluster.url(alive) + " answers without a leader"),
+        std::string::npos)
+        << what;
+    EXPECT_NE(what.find(cluster.url(0)), std::string::npos) << what;
+    EXPECT_NE(what.find(cluster.url(leader)), std::string::npos) << what;
+  }
+
+  // A majority back: the same client serves again.
+  cluster.start(leader);
+  cluster.wait_ready(leader);
+  e.put("q/k", "4");
+  EXPECT_EQ(e.get("q/k")->value, "4");
+  cluster.start(0);
 }
 
 }  // namespace

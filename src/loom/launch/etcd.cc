@@ -2,7 +2,9 @@
 
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <mutex>
 
 #include "loom/core/base64.h"
@@ -24,6 +26,12 @@ int64_t num(const json& obj, const char* field) {  // int64s are strings; absent
   if (!obj.is_object() || !obj.contains(field)) return 0;
   const json& v = obj[field];
   return v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+}
+// A uint64 id as etcd writes it (a decimal string; absent or "0": none).
+std::string id_of(const json& obj, const char* field) {
+  if (!obj.is_object() || !obj.contains(field) || !obj[field].is_string()) return "";
+  const std::string id = obj[field].get<std::string>();
+  return id == "0" ? "" : id;
 }
 EtcdKv kv_of(const json& j) {
   return {unb64(j.value("key", json())), unb64(j.value("value", json())), num(j, "create_revision"),
@@ -49,7 +57,10 @@ struct Post {
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.c_str());
     curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_s * 1000));
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeout_s * 1000));
+    // A member that is down refuses at once; one cut off is given up on after 3 s, so the
+    // next member is tried while the call's deadline still has room.
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
+                     static_cast<long>(std::min(timeout_s, 3.0) * 1000));
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, err.data());
     if (!tls.ca_file.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, tls.ca_file.c_str());
@@ -60,12 +71,6 @@ struct Post {
   Post(const Post&) = delete;
   Post& operator=(const Post&) = delete;
 };
-
-// A transfer that failed (no connection, TLS refused, deadline): where = "etcd at URL: PATH".
-PeerError transfer_failed(const std::string& where, const Post& post, CURLcode rc) {
-  return PeerError(PeerError::Kind::kClosed,
-                   where + " failed: " + (post.err[0] ? post.err.c_str() : curl_easy_strerror(rc)));
-}
 
 json put_request(const std::string& key, const std::string& value, int64_t lease) {
   json put = {{"key", b64(key)}, {"value", b64(value)}};
@@ -91,31 +96,118 @@ std::string etcd_prefix_end(const std::string& prefix) {
   return std::string(1, '\0');  // etcd: every key
 }
 
-Etcd::Etcd(std::string endpoint, EtcdTls tls, double timeout_s)
-    : endpoint_(std::move(endpoint)), tls_(std::move(tls)), timeout_s_(timeout_s) {
-  while (!endpoint_.empty() && endpoint_.back() == '/') endpoint_.pop_back();
-  if (endpoint_.rfind("http://", 0) != 0 && endpoint_.rfind("https://", 0) != 0)
-    throw UserError("etcd endpoint '" + endpoint_ + "' is not http://HOST:PORT or https://...",
-                    "e.g. http://10.0.0.1:2379");
+Etcd::Etcd(const std::string& endpoints, EtcdTls tls, double timeout_s, bool announce_moves)
+    : tls_(std::move(tls)), timeout_s_(timeout_s), announce_moves_(announce_moves) {
+  for (size_t at = 0; at <= endpoints.size();) {
+    size_t comma = std::min(endpoints.find(',', at), endpoints.size());
+    std::string e = endpoints.substr(at, comma - at);
+    at = comma + 1;
+    while (!e.empty() && e.back() == '/') e.pop_back();
+    if (e.rfind("http://", 0) != 0 && e.rfind("https://", 0) != 0)
+      throw UserError("etcd endpoint '" + e + "' is not http://HOST:PORT or https://...",
+                      "e.g. http://10.0.0.1:2379, or several members: "
+                      "http://10.0.0.1:2379,http://10.0.0.2:2379,http://10.0.0.3:2379");
+    endpoints_.push_back(std::move(e));
+  }
 }
 
-json Etcd::call(const std::string& path, const json& body) {
-  Post post(endpoint_ + path, body.dump(), tls_, timeout_s_);
+std::string Etcd::endpoints() const {
+  std::string all;
+  for (const std::string& e : endpoints_) all += (all.empty() ? "" : ",") + e;
+  return all;
+}
+
+// One call to one member: its answer, or why it could not serve the call.
+struct Etcd::Answer {
+  json body;
+  std::string why;  // empty: served
+};
+
+Etcd::Answer Etcd::attempt(const std::string& endpoint, const std::string& path,
+                           const json& body) const {
+  Post post(endpoint + path, body.dump(), tls_, timeout_s_);
   std::string response;
   curl_easy_setopt(post.h, CURLOPT_WRITEFUNCTION, append);
   curl_easy_setopt(post.h, CURLOPT_WRITEDATA, &response);
   const CURLcode rc = curl_easy_perform(post.h);
-  if (rc != CURLE_OK) throw transfer_failed("etcd at " + endpoint_ + ": " + path, post, rc);
+  if (rc != CURLE_OK) return {json(), post.err[0] ? post.err.c_str() : curl_easy_strerror(rc)};
   long status = 0;
   curl_easy_getinfo(post.h, CURLINFO_RESPONSE_CODE, &status);
   json j = json::parse(response, nullptr, /*allow_exceptions=*/false);
-  if (status != 200 || j.is_discarded() || j.contains("error"))
-    throw PeerError(PeerError::Kind::kProtocol,
-                    "etcd at " + endpoint_ + ": " + path + " answered HTTP " +
-                        std::to_string(status) + ": " +
-                        (j.is_object() && j.contains("message") ? j["message"].dump()
-                                                                : response.substr(0, 300)));
-  return j;
+  if (status == 200 && !j.is_discarded() && !j.contains("error")) return {std::move(j), ""};
+  const std::string message =
+      j.is_object() && j.contains("message") ? j["message"].dump() : response.substr(0, 300);
+  // 5xx: the member could not serve it — gRPC's Unavailable (503: no leader, a leader
+  // change) or a deadline passed waiting for consensus (500 "context deadline exceeded" from
+  // a member without a leader). Another member may serve it; a 4xx is the call's own error.
+  if (status >= 500) return {json(), "answered HTTP " + std::to_string(status) + ": " + message};
+  throw PeerError(PeerError::Kind::kProtocol, "etcd at " + endpoint + ": " + path +
+                                                  " answered HTTP " + std::to_string(status) +
+                                                  ": " + message);
+}
+
+json Etcd::call(const std::string& path, const json& body) {
+  const size_t n = endpoints_.size(), first = current_.load();
+  std::vector<std::string> failures;
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = (first + k) % n;
+    Answer a = attempt(endpoints_[i], path, body);
+    if (a.why.empty()) {
+      if (k > 0) move_to(i, failures.back());
+      return std::move(a.body);
+    }
+    failures.push_back(endpoints_[i] + ": " + a.why);
+  }
+  throw unavailable(path, failures);
+}
+
+void Etcd::move_to(size_t next, const std::string& why) {
+  if (current_.exchange(next) != next && announce_moves_)
+    std::fprintf(stderr, "loom run: etcd: %s; now using %s\n", why.c_str(),
+                 endpoints_[next].c_str());
+}
+
+EtcdUnavailable Etcd::unavailable(const std::string& path,
+                                  const std::vector<std::string>& failures) const {
+  // Each member reports its own status without consensus: one that answers with no leader
+  // is cut from the majority, and then the cluster has lost its quorum.
+  std::vector<std::string> leaderless, silent;
+  for (const std::string& e : endpoints_) {
+    try {
+      Etcd one(e, tls_, std::min(timeout_s_, 1.0), false);
+      const Answer a = one.attempt(e, "/v3/maintenance/status", json::object());
+      if (!a.why.empty())
+        silent.push_back(e);
+      else if (id_of(a.body, "leader").empty())
+        leaderless.push_back(e);
+    } catch (const Error&) {
+      silent.push_back(e);
+    }
+  }
+  auto list = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const std::string& e : v) s += (s.empty() ? "" : ", ") + e;
+    return s;
+  };
+  std::string tried;
+  for (const std::string& f : failures) tried += (tried.empty() ? "" : "; ") + f;
+  if (!leaderless.empty()) {
+    std::string what = "etcd has lost its quorum: " + list(leaderless) + " answer" +
+                       (leaderless.size() > 1 ? "" : "s") + " without a leader";
+    if (!silent.empty())
+      what += ", " + list(silent) + (silent.size() > 1 ? " do" : " does") + " not answer";
+    return EtcdUnavailable(what + " (more than half of etcd's members are down or cut off; " +
+                               path + ": " + tried + ")",
+                           true);
+  }
+  if (endpoints_.size() == 1)  // "etcd at URL: PATH failed: why"
+    return EtcdUnavailable("etcd at " + endpoints_[0] + ": " + path +
+                               " failed: " + failures[0].substr(endpoints_[0].size() + 2),
+                           false);
+  return EtcdUnavailable("etcd cannot be reached: none of its " +
+                             std::to_string(endpoints_.size()) + " members serves " + path + " (" +
+                             tried + ")",
+                         false);
 }
 
 void Etcd::put(const std::string& key, const std::string& value, int64_t lease) {
@@ -176,6 +268,11 @@ int64_t Etcd::keep_alive(int64_t lease) {
   return num(j.value("result", json::object()), "TTL");
 }
 
+Etcd::Status Etcd::status() {
+  const json j = call("/v3/maintenance/status", json::object());
+  return {id_of(j.value("header", json::object()), "member_id"), id_of(j, "leader")};
+}
+
 void Etcd::revoke(int64_t lease) {
   call("/v3/lease/revoke", {{"ID", std::to_string(lease)}});
 }
@@ -192,7 +289,8 @@ std::vector<EtcdEvent> Etcd::watch_prefix(const std::string& prefix, int64_t fro
                       {{"key", b64(prefix)},
                        {"range_end", b64(etcd_prefix_end(prefix))},
                        {"start_revision", std::to_string(from)}}}};
-  Post post(endpoint_ + "/v3/watch", body.dump(), tls_, timeout_s);
+  const size_t at = current_.load();
+  Post post(endpoints_[at] + "/v3/watch", body.dump(), tls_, timeout_s);
   auto on_data = +[](char* data, size_t size, size_t n, void* p) -> size_t {
     auto* st = static_cast<Stream*>(p);
     st->buf.append(data, size * n);
@@ -210,8 +308,14 @@ std::vector<EtcdEvent> Etcd::watch_prefix(const std::string& prefix, int64_t fro
   curl_easy_setopt(post.h, CURLOPT_WRITEFUNCTION, on_data);
   curl_easy_setopt(post.h, CURLOPT_WRITEDATA, &s);
   const CURLcode rc = curl_easy_perform(post.h);
-  if (rc != CURLE_OK && rc != CURLE_WRITE_ERROR && rc != CURLE_OPERATION_TIMEDOUT)
-    throw transfer_failed("etcd at " + endpoint_ + ": /v3/watch", post, rc);
+  if (rc != CURLE_OK && rc != CURLE_WRITE_ERROR && rc != CURLE_OPERATION_TIMEDOUT) {
+    const std::string why = post.err[0] ? post.err.c_str() : curl_easy_strerror(rc);
+    if (endpoints_.size() == 1)
+      throw EtcdUnavailable("etcd at " + endpoints_[at] + ": /v3/watch failed: " + why, false);
+    // The caller reads again after a watch (it may have missed nothing but a wait): the
+    // read goes to the next member.
+    move_to((at + 1) % endpoints_.size(), endpoints_[at] + ": /v3/watch: " + why);
+  }
   return s.events;
 }
 

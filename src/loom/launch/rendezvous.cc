@@ -94,7 +94,7 @@ std::optional<json> Rendezvous::verified_body(const EtcdKv& kv) const {
 }
 
 Rendezvous::Rendezvous(std::string endpoint, EtcdTls tls, RendezvousOptions opts)
-    : etcd_(std::move(endpoint), tls), tls_(std::move(tls)), opts_(std::move(opts)) {
+    : etcd_(std::move(endpoint), tls, 5), tls_(std::move(tls)), opts_(std::move(opts)) {
   if (opts_.min_nodes < 1 || opts_.max_nodes < opts_.min_nodes)
     throw UserError("--nnodes " + std::to_string(opts_.min_nodes) + ":" +
                         std::to_string(opts_.max_nodes) + " is not MIN:MAX with 1 <= MIN <= MAX",
@@ -115,18 +115,82 @@ Rendezvous::~Rendezvous() {
   }
 }
 
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
 void Rendezvous::keepalive_loop() {
-  Etcd etcd(etcd_.endpoint(), tls_, 2);  // its own handle: calls do not share curl state
+  // Its own handle (calls do not share curl state), quiet: the main handle says when the
+  // job's calls move to another member.
+  Etcd etcd(etcd_.endpoints(), tls_, 2, /*announce_moves=*/false);
   auto last = Clock::now();
+  etcd_ok_ns_ = now_ns();
   while (!stop_) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (since(last) < opts_.keepalive_s) continue;
+    // Every keepalive_s; every second while etcd fails, to see it come back soon.
+    if (since(last) < (etcd_failing_ ? 1.0 : opts_.keepalive_s)) continue;
     last = Clock::now();
     try {
       if (etcd.keep_alive(lease_) <= 0) lease_lost_ = true;
-    } catch (const Error&) {
-      // etcd unreachable for now; the lease survives until its TTL, then the others treat
-      // this machine as gone (and it learns so at the next successful keep-alive).
+      etcd_ok_ns_ = now_ns();
+      etcd_failing_ = etcd_lost_ = false;
+    } catch (const Error& e) {
+      // etcd unavailable for now: short outages (a member restarting, an election) pass
+      // unnoticed. After the lease's TTL without a keep-alive this machine can no longer
+      // tell who is in the job (its lease, and the others', may have expired): lost.
+      {
+        std::lock_guard<std::mutex> lock(problem_mu_);
+        etcd_problem_ = e.what();
+      }
+      etcd_failing_ = true;
+      if (static_cast<double>(now_ns() - etcd_ok_ns_.load()) * 1e-9 >=
+          static_cast<double>(opts_.lease_ttl_s))
+        etcd_lost_ = true;
+    }
+  }
+}
+
+std::string Rendezvous::etcd_problem() const {
+  std::lock_guard<std::mutex> lock(problem_mu_);
+  return etcd_problem_;
+}
+
+Change Rendezvous::etcd_change() const {
+  if (!etcd_lost_) return {};
+  return {Change::kEtcdLost, "no keep-alive of this machine's lease for its TTL (" +
+                                 std::to_string(opts_.lease_ttl_s) + " s): " + etcd_problem()};
+}
+
+void Rendezvous::waiting_for_etcd(const EtcdUnavailable& e, double waited) {
+  if (waited > opts_.join_timeout_s)
+    throw PeerError(PeerError::Kind::kTimeout,
+                    "rendezvous " + opts_.job + ": etcd did not come back within --rdzv-timeout " +
+                        std::to_string(static_cast<int>(opts_.join_timeout_s)) + " s: " + e.what());
+  if (!etcd_waited_.exchange(true))
+    std::fprintf(stderr, "loom run: waiting for etcd (up to --rdzv-timeout %d s): %s\n",
+                 static_cast<int>(opts_.join_timeout_s), e.what());
+}
+
+void Rendezvous::etcd_answered() {
+  etcd_ok_ns_ = now_ns();
+  etcd_lost_ = false;
+  if (etcd_waited_.exchange(false))
+    std::fprintf(stderr, "loom run: etcd answers again (at %s)\n", etcd_.endpoint().c_str());
+}
+
+void Rendezvous::with_etcd(const std::function<void()>& f) {
+  const auto start = Clock::now();
+  for (;;) {
+    try {
+      f();
+      etcd_answered();
+      return;
+    } catch (const EtcdUnavailable& e) {
+      waiting_for_etcd(e, since(start));
+      std::this_thread::sleep_for(std::chrono::seconds(1));
     }
   }
 }
@@ -174,107 +238,119 @@ Membership Rendezvous::join(const NodeInfo& self) {
   const auto start = Clock::now();
   double min_at = -1;  // when this round first had MIN members (seconds after start), or -1
   std::set<std::string> warned;
-  int64_t joined = -1;  // the round this machine's member key is in
+  int64_t joined = -1;    // the round this machine's member key is in
+  double etcd_away = -1;  // since when (s after start) etcd could not serve the join, or -1
   for (;;) {
-    if (lease_lost_.exchange(false)) lease_ = etcd_.grant(opts_.lease_ttl_s), joined = -1;
-    int64_t rev = 0;
-    State s = read(&rev);
-    for (const std::string& k : s.forged)
-      if (warned.insert(k).second)
-        std::fprintf(stderr,
-                     "loom run: ignoring %s in etcd: not signed with this job's token (another "
-                     "job with --rdzv-id %s, or a launcher given another LOOM_JOB_TOKEN?)\n",
-                     k.c_str(), opts_.job.c_str());
-    if (s.round < 0) {  // the first machine of the job
-      etcd_.create(prefix() + "round", "0");
-      continue;
-    }
-    const std::string rp = round_prefix(s.round);
-    if (joined >= 0 && joined != s.round) {  // the round moved on under us
-      etcd_.erase(round_prefix(joined) + "members/" + self.host);
-      joined = -1, min_at = -1;
-    }
-    if (s.failed) {  // a rerun of a failed job starts a new round
-      etcd_.compare_and_swap(prefix() + "round", std::to_string(s.round),
-                             std::to_string(s.round + 1));
-      continue;
-    }
-    if (s.frozen_forged && !s.frozen)
-      throw UserError("round " + std::to_string(s.round) + " of job " + opts_.job +
-                          " in etcd was frozen by launchers with another job token",
-                      "every machine of a job needs the same LOOM_JOB_TOKEN (or --token-file); "
-                      "or another job uses --rdzv-id " +
-                          opts_.job);
-    if (s.frozen) {
-      for (size_t i = 0; i < s.frozen->size(); ++i)
-        if ((*s.frozen)[i].id == self.id) return {s.round, *s.frozen, static_cast<int>(i)};
-      // Frozen without us. If none of its machines is alive (a job that ended or died),
-      // start the next round; else wait to be admitted.
-      bool alive = false;
-      for (const NodeInfo& n : *s.frozen) alive |= s.live_ids.count(n.id) > 0;
-      if (!alive) {
+    try {
+      if (lease_lost_.exchange(false)) lease_ = etcd_.grant(opts_.lease_ttl_s), joined = -1;
+      int64_t rev = 0;
+      State s = read(&rev);
+      for (const std::string& k : s.forged)
+        if (warned.insert(k).second)
+          std::fprintf(stderr,
+                       "loom run: ignoring %s in etcd: not signed with this job's token (another "
+                       "job with --rdzv-id %s, or a launcher given another LOOM_JOB_TOKEN?)\n",
+                       k.c_str(), opts_.job.c_str());
+      if (s.round < 0) {  // the first machine of the job
+        etcd_.create(prefix() + "round", "0");
+        continue;
+      }
+      const std::string rp = round_prefix(s.round);
+      if (joined >= 0 && joined != s.round) {  // the round moved on under us
+        etcd_.erase(round_prefix(joined) + "members/" + self.host);
+        joined = -1, min_at = -1;
+      }
+      if (s.failed) {  // a rerun of a failed job starts a new round
         etcd_.compare_and_swap(prefix() + "round", std::to_string(s.round),
                                std::to_string(s.round + 1));
         continue;
       }
-      if (!s.waiting.count(self.host))
-        etcd_.put(rp + "waiting/" + self.host, record(rp + "waiting/" + self.host, self.host),
-                  lease_);
-    } else {
-      bool in = false;
-      for (const auto& [n, crev] : s.members) in |= n.id == self.id;
-      if (!in) {
-        const std::string key = rp + "members/" + self.host;
-        if (etcd_.create(key, record(key, node_json(self)), lease_)) {
-          joined = s.round;
+      if (s.frozen_forged && !s.frozen)
+        throw UserError("round " + std::to_string(s.round) + " of job " + opts_.job +
+                            " in etcd was frozen by launchers with another job token",
+                        "every machine of a job needs the same LOOM_JOB_TOKEN (or --token-file); "
+                        "or another job uses --rdzv-id " +
+                            opts_.job);
+      if (s.frozen) {
+        for (size_t i = 0; i < s.frozen->size(); ++i)
+          if ((*s.frozen)[i].id == self.id) {
+            etcd_answered();
+            return {s.round, *s.frozen, static_cast<int>(i)};
+          }
+        // Frozen without us. If none of its machines is alive (a job that ended or died),
+        // start the next round; else wait to be admitted.
+        bool alive = false;
+        for (const NodeInfo& n : *s.frozen) alive |= s.live_ids.count(n.id) > 0;
+        if (!alive) {
+          etcd_.compare_and_swap(prefix() + "round", std::to_string(s.round),
+                                 std::to_string(s.round + 1));
           continue;
         }
-        if (since(start) > 2.0 * static_cast<double>(opts_.lease_ttl_s))
-          throw UserError("another launcher holds " + key + " in etcd",
-                          "two machines with the same host identity (LOOM_HOST_ID or host "
-                          "name) cannot be in one job; or wait for a dead launcher's lease to "
-                          "expire");
+        if (!s.waiting.count(self.host))
+          etcd_.put(rp + "waiting/" + self.host, record(rp + "waiting/" + self.host, self.host),
+                    lease_);
       } else {
-        const int n = static_cast<int>(s.members.size());
-        if (n < opts_.min_nodes)
-          min_at = -1;
-        else if (min_at < 0)
-          min_at = since(start);
-        if (n >= opts_.max_nodes || (min_at >= 0 && since(start) - min_at >= opts_.last_call_s)) {
-          // Freeze: the first MAX to arrive, in host order.
-          auto members = s.members;
-          std::sort(members.begin(), members.end(),
-                    [](const auto& a, const auto& b) { return a.second < b.second; });
-          if (static_cast<int>(members.size()) > opts_.max_nodes) members.resize(opts_.max_nodes);
-          std::sort(members.begin(), members.end(),
-                    [](const auto& a, const auto& b) { return a.first.host < b.first.host; });
-          json nodes = json::array();
-          for (const auto& [node, crev] : members) nodes.push_back(node_json(node));
-          etcd_.create(rp + "frozen", record(rp + "frozen", json{{"nodes", nodes}}));
-          continue;
+        bool in = false;
+        for (const auto& [n, crev] : s.members) in |= n.id == self.id;
+        if (!in) {
+          const std::string key = rp + "members/" + self.host;
+          if (etcd_.create(key, record(key, node_json(self)), lease_)) {
+            joined = s.round;
+            continue;
+          }
+          if (since(start) > 2.0 * static_cast<double>(opts_.lease_ttl_s))
+            throw UserError("another launcher holds " + key + " in etcd",
+                            "two machines with the same host identity (LOOM_HOST_ID or host "
+                            "name) cannot be in one job; or wait for a dead launcher's lease to "
+                            "expire");
+        } else {
+          const int n = static_cast<int>(s.members.size());
+          if (n < opts_.min_nodes)
+            min_at = -1;
+          else if (min_at < 0)
+            min_at = since(start);
+          if (n >= opts_.max_nodes || (min_at >= 0 && since(start) - min_at >= opts_.last_call_s)) {
+            // Freeze: the first MAX to arrive, in host order.
+            auto members = s.members;
+            std::sort(members.begin(), members.end(),
+                      [](const auto& a, const auto& b) { return a.second < b.second; });
+            if (static_cast<int>(members.size()) > opts_.max_nodes) members.resize(opts_.max_nodes);
+            std::sort(members.begin(), members.end(),
+                      [](const auto& a, const auto& b) { return a.first.host < b.first.host; });
+            json nodes = json::array();
+            for (const auto& [node, crev] : members) nodes.push_back(node_json(node));
+            etcd_.create(rp + "frozen", record(rp + "frozen", json{{"nodes", nodes}}));
+            continue;
+          }
         }
       }
+      if (since(start) > opts_.join_timeout_s) {
+        std::string in;
+        for (const auto& [n, crev] : s.members) in += (in.empty() ? "" : ", ") + n.host;
+        throw PeerError(PeerError::Kind::kTimeout,
+                        "rendezvous " + opts_.job + " at " + etcd_.endpoint() + ": " +
+                            std::to_string(s.members.size()) + " of --nnodes " +
+                            std::to_string(opts_.min_nodes) + ":" +
+                            std::to_string(opts_.max_nodes) + " machines joined round " +
+                            std::to_string(s.round) + " within " +
+                            std::to_string(static_cast<int>(opts_.join_timeout_s)) +
+                            " s (in: " + (in.empty() ? "none" : in) + ")");
+      }
+      double wait = 1.0;  // re-read at least this often (the last call, lease expiry)
+      if (min_at >= 0) wait = std::clamp(opts_.last_call_s - (since(start) - min_at), 0.05, 1.0);
+      etcd_.watch_prefix(prefix(), rev + 1, wait);
+    } catch (const EtcdUnavailable& e) {  // retried (the steps above can be repeated)
+      if (etcd_away < 0) etcd_away = since(start);
+      waiting_for_etcd(e, since(start) - etcd_away);
+      std::this_thread::sleep_for(std::chrono::seconds(1));
     }
-    if (since(start) > opts_.join_timeout_s) {
-      std::string in;
-      for (const auto& [n, crev] : s.members) in += (in.empty() ? "" : ", ") + n.host;
-      throw PeerError(PeerError::Kind::kTimeout,
-                      "rendezvous " + opts_.job + " at " + etcd_.endpoint() + ": " +
-                          std::to_string(s.members.size()) + " of --nnodes " +
-                          std::to_string(opts_.min_nodes) + ":" + std::to_string(opts_.max_nodes) +
-                          " machines joined round " + std::to_string(s.round) + " within " +
-                          std::to_string(static_cast<int>(opts_.join_timeout_s)) +
-                          " s (in: " + (in.empty() ? "none" : in) + ")");
-    }
-    double wait = 1.0;  // re-read at least this often (the last call, lease expiry)
-    if (min_at >= 0) wait = std::clamp(opts_.last_call_s - (since(start) - min_at), 0.05, 1.0);
-    etcd_.watch_prefix(prefix(), rev + 1, wait);
   }
 }
 
 Change Rendezvous::watch(const Membership& m, double timeout_s) {
   for (int pass = 0;; ++pass) {
     if (lease_lost_) return {Change::kLeaseLost, "this machine's lease expired"};
+    if (Change c = etcd_change()) return c;
     int64_t rev = 0;
     State s = read(&rev);
     if (s.round != m.round) {
@@ -298,7 +374,10 @@ Change Rendezvous::watch(const Membership& m, double timeout_s) {
 }
 
 void Rendezvous::next_round(const Membership& m) {
-  etcd_.compare_and_swap(prefix() + "round", std::to_string(m.round), std::to_string(m.round + 1));
+  with_etcd([&] {
+    etcd_.compare_and_swap(prefix() + "round", std::to_string(m.round),
+                           std::to_string(m.round + 1));
+  });
 }
 
 void Rendezvous::fail(const Membership& m, const std::string& why) {
@@ -323,12 +402,24 @@ void Rendezvous::finish(const Membership& m, double timeout_s) {
   etcd_.erase_prefix(prefix());  // the job is over: its id may be used again
 }
 
-std::string address_towards(const std::string& endpoint) {
-  std::string hp = endpoint.substr(endpoint.find("://") + 3);
-  if (auto slash = hp.find('/'); slash != std::string::npos) hp.resize(slash);
-  comm::net::Fd fd = comm::net::connect_to(comm::net::parse_host_port(hp, "the etcd endpoint"),
-                                           Deadline::after_seconds(10), "etcd");
-  return comm::net::local_address(fd.get()).host;
+std::string address_towards(const std::string& endpoints) {
+  // The first member that takes a connection (of "URL,URL,..."); 2 s each but the last.
+  for (size_t at = 0; at < endpoints.size();) {
+    const size_t comma = std::min(endpoints.find(',', at), endpoints.size());
+    std::string hp = endpoints.substr(at, comma - at);
+    at = comma + 1;
+    const bool last = at >= endpoints.size();
+    hp = hp.substr(hp.find("://") == std::string::npos ? 0 : hp.find("://") + 3);
+    if (auto slash = hp.find('/'); slash != std::string::npos) hp.resize(slash);
+    try {
+      comm::net::Fd fd = comm::net::connect_to(comm::net::parse_host_port(hp, "the etcd endpoint"),
+                                               Deadline::after_seconds(last ? 10 : 2), "etcd");
+      return comm::net::local_address(fd.get()).host;
+    } catch (const PeerError&) {
+      if (last) throw;  // its error
+    }
+  }
+  throw UserError("no etcd endpoint given", "e.g. --rdzv etcd://10.0.0.1:2379");
 }
 
 }  // namespace loom::launch

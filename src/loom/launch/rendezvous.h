@@ -19,7 +19,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -58,7 +60,15 @@ struct Membership {
 };
 
 struct Change {
-  enum Kind { kNone, kMemberLost, kJoinerWaiting, kRoundMoved, kJobFailed, kLeaseLost };
+  enum Kind {
+    kNone,
+    kMemberLost,
+    kJoinerWaiting,
+    kRoundMoved,
+    kJobFailed,
+    kLeaseLost,
+    kEtcdLost  // no keep-alive for the lease's TTL: etcd lost its quorum or cannot be reached
+  };
   Kind kind = kNone;
   std::string detail;  // which machine, or the failure as its launcher reported it
   explicit operator bool() const { return kind != kNone; }
@@ -79,7 +89,8 @@ class Rendezvous {
   // What changed since `m` froze, waiting up to timeout_s for a change (0: just look).
   Change watch(const Membership& m, double timeout_s);
 
-  // Moves the job from round m.round to the next (a no-op if another machine did).
+  // Moves the job from round m.round to the next (a no-op if another machine did); while
+  // etcd cannot serve it, waits for etcd (up to join_timeout_s).
   void next_round(const Membership& m);
   // Marks the round failed (every launcher stops without restarting), e.g. on bad input.
   void fail(const Membership& m, const std::string& why);
@@ -88,6 +99,11 @@ class Rendezvous {
   void finish(const Membership& m, double timeout_s = 120);
 
   int64_t lease() const { return lease_.load(); }
+  // The last keep-alive failed (etcd unavailable, for now); etcd_problem() says how.
+  bool etcd_failing() const { return etcd_failing_; }
+  std::string etcd_problem() const;
+  // kEtcdLost once no keep-alive succeeded for the lease's TTL, else kNone; never waits.
+  Change etcd_change() const;
 
  private:
   struct State;
@@ -99,17 +115,30 @@ class Rendezvous {
   // The body of a record signed with this job's token under its own key; nullopt if not.
   std::optional<nlohmann::json> verified_body(const EtcdKv& kv) const;
   void keepalive_loop();
+  // f, again every second while etcd cannot serve it (saying so once), up to join_timeout_s.
+  void with_etcd(const std::function<void()>& f);
+  // After f failed with e, `waited` s into a wait for etcd: says so (once), or throws
+  // past join_timeout_s.
+  void waiting_for_etcd(const EtcdUnavailable& e, double waited);
+  void etcd_answered();  // a call succeeded: etcd is back (saying so if it was away)
 
   Etcd etcd_;
   EtcdTls tls_;  // for the keep-alive thread's own client
   RendezvousOptions opts_;
   std::atomic<int64_t> lease_{0};
   std::atomic<bool> lease_lost_{false}, stop_{false};
+  // etcd's health as the keep-alive sees it: failing (the last attempt), lost (no success
+  // for lease_ttl_s), the last success (steady-clock ns), and what the last failure said.
+  std::atomic<bool> etcd_failing_{false}, etcd_lost_{false}, etcd_waited_{false};
+  std::atomic<int64_t> etcd_ok_ns_{0};
+  mutable std::mutex problem_mu_;
+  std::string etcd_problem_;
   std::thread keepalive_;
 };
 
-// The address of this machine that reaches `endpoint` (http://HOST:PORT): what the other
-// machines will reach it at, if they reach etcd the same way.
-std::string address_towards(const std::string& endpoint);
+// The address of this machine that reaches etcd (the first of `endpoints`, "http://HOST:PORT"
+// comma-separated, that takes a connection): what the other machines will reach it at, if
+// they reach etcd the same way.
+std::string address_towards(const std::string& endpoints);
 
 }  // namespace loom::launch
