@@ -18,6 +18,7 @@ pkgs=(
   chromium                          # headless: the `loom report` page test (tests/integration/report_e2e.py)
   iproute2 iptables                 # ss -K (tests/chaos), ip netns + tc + link cuts (tests/cluster)
   etcd-server etcd-client libcurl4-openssl-dev   # multi-machine rendezvous: etcd's v3 JSON API
+  slurmctld slurmd slurm-client munge   # a real Slurm cluster on the emulated machines (tests/cluster/slurm.sh)
   yamllint python3-yaml             # deploy/k8s checks (tests/deploy)
 )
 missing=()

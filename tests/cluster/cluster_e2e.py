@@ -27,6 +27,12 @@ its own /dev/shm and host identity, joined by veth links to a bridge).
                                             stopped with SIGSTOP (a hang) and a machine's
                                             traffic dropped by iptables: each reported,
                                             the job goes on, losses one process's
+  cluster_e2e.py LOOM WORKDIR slurm         a real Slurm cluster (tests/cluster/slurm.sh) on 2
+                                            machines: srun -N 2 --ntasks-per-node=2 and the
+                                            uneven srun -N 2 -n 3 train with one process's
+                                            losses; deploy/slurm/train.sbatch saves on
+                                            SIGTERM, requeues itself and resumes with them;
+                                            without requeue the job shows exit code 130
   cluster_e2e.py LOOM WORKDIR etcd_cluster  the same job against a 3-member etcd cluster (a
                                             member on each machine): a follower killed,
                                             then the leader, cost no restart; two killed,
@@ -49,6 +55,7 @@ from common import (Trainer, compare, fail, losses, metrics, prepare_data,  # no
 
 LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 CLUSTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.sh")
+SLURM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm.sh")
 MACHINES, PER_MACHINE, PORT = 3, 2, 29611
 
 
@@ -645,11 +652,142 @@ def etcd_cluster():
     compare("etcd cluster: a follower, the leader, then the quorum lost", losses(job.d), base)
 
 
+def slurm_job(argv, log, env=(), timeout=300):
+    """argv (srun or sbatch ...) on machine 0 of the Slurm cluster, with a job token; the
+    completed process."""
+    with open(log, "w") as out:
+        p = subprocess.run(["bash", SLURM, "run", "0", "env", "LOOM_TIMEOUT_S=60", *env, *argv],
+                           stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
+                           env=dict(os.environ, LOOM_JOB_TOKEN=secrets.token_hex(16)))
+    return p
+
+
+def slurm():
+    """A real Slurm cluster (slurmctld, a slurmd per machine, munge: tests/cluster/slurm.sh)
+    on 2 of the machines: `srun -N 2 --ntasks-per-node=2 loom train` and the uneven
+    `srun -N 2 -n 3` train with one process's losses."""
+    T = Trainer(LOOM, prepare_data(LOOM, WORK))
+    extra = ["--set", "train.global_batch=24", "--set", "train.zero=3"]  # 4 or 3 ranks
+    base = one_process(T, "slurm_one", 20, extra)
+    started = time.time()
+    subprocess.run(["bash", SLURM, "up", "2"], check=True)
+    print("ok  Slurm up in %.1f s: slurmctld and 2 slurmd, munge" % (time.time() - started))
+    try:
+        for name, shape in (("srun -N 2 --ntasks-per-node=2", ["-N", "2", "--ntasks-per-node=2"]),
+                            ("srun -N 2 -n 3", ["-N", "2", "-n", "3"])):
+            d = os.path.join(WORK, "slurm_" + re.sub(r"\W+", "_", name))
+            shutil.rmtree(d, ignore_errors=True)
+            log = d + ".log"
+            p = slurm_job(["srun", *shape, LOOM] + T.args(d, *extra), log)
+            with open(log) as f:
+                out = f.read()
+            if p.returncode != 0:
+                fail("%s exited %d:\n%s" % (name, p.returncode, out[-3000:]))
+            m = metrics(d)[0]
+            ranks = 4 if "ntasks-per-node" in name else 3
+            if len(m["activation_mb"]) != ranks:
+                fail("%s: %d ranks in the job's metrics, not %d" %
+                     (name, len(m["activation_mb"]), ranks))
+            compare(name, losses(d), base)
+        sbatch_requeue(T, extra)
+    finally:
+        subprocess.run(["bash", SLURM, "down"])
+    ps = subprocess.run(["ps", "-eo", "stat=,pid=,args="], capture_output=True, text=True)
+    left = " ".join(line.strip() for line in ps.stdout.splitlines()  # zombies are not alive
+                    if re.search(r"slurmctld|slurmd|munged.*loom-slurm", line) and
+                    not line.strip().startswith("Z")).strip()
+    if left or os.path.exists("/run/loom-slurm"):
+        fail("slurm.sh down left daemons or state behind: %s" % (left or "/run/loom-slurm"))
+
+
+def slurm_ctl(*argv):
+    return subprocess.run(["bash", SLURM, "run", "0", *argv], capture_output=True, text=True)
+
+
+def slurm_job_state(job):
+    """{field: value} of `scontrol show job` for job."""
+    out = slurm_ctl("scontrol", "show", "job", "-o", job).stdout
+    return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+
+
+def sbatch_requeue(T, extra):
+    """deploy/slurm/train.sbatch through a warning signal: the ranks save and exit 130, the
+    script requeues the job, which resumes from the checkpoint and finishes with one
+    process's losses; with LOOM_REQUEUE=0 the job ends with exit code 130."""
+    steps = 40
+    base = one_process(T, "sbatch_one", steps, extra + ["--set", "ckpt.every=5"])
+    token = os.path.join(WORK, "token")
+    with open(token, "w") as f:
+        f.write(secrets.token_hex(32))
+    os.chmod(token, 0o600)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy",
+                          "slurm", "train.sbatch")
+    config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs",
+                          "tiny.toml")
+
+    def submit(d, requeue):
+        shutil.rmtree(d, ignore_errors=True)
+        env = ["LOOM=" + LOOM, "LOOM_CONFIG=" + os.path.abspath(config), "LOOM_DATA=" + T.data,
+               "LOOM_RUN_DIR=" + d, "LOOM_TOKEN_FILE=" + token, "LOOM_TIMEOUT_S=60",
+               "LOOM_REQUEUE=" + requeue]
+        r = slurm_ctl("env", *env, "sbatch", "--parsable", "--output", d + ".out",
+                      os.path.abspath(script),
+                      *T.args(d, *extra, "--set", "ckpt.every=5", steps=steps)[1:])
+        if r.returncode != 0:
+            fail("sbatch failed: " + r.stdout + r.stderr)
+        return r.stdout.strip().split(";")[0]
+
+    def step(d):
+        try:
+            return max([m["step"] for m in metrics(d) if "loss" in m] or [0])
+        except OSError:
+            return 0
+
+    def ended(job, timeout):
+        wait_for(lambda: slurm_job_state(job).get("JobState") in
+                 ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), timeout,
+                 "Slurm job %s to end" % job)
+        return slurm_job_state(job)
+
+    d = os.path.join(WORK, "slurm_sbatch")
+    job = submit(d, "1")
+    wait_for(lambda: step(d) >= 8, 120, "the batch job to train 8 steps")
+    signalled = time.time()
+    slurm_ctl("scancel", "--signal=TERM", job)  # what --signal=TERM@120 sends
+    # Slurm holds a requeued job for 120 s (Reason=BeginTime); an operator's StartTime=now
+    # lets it start at once instead (the same job, restart 1).
+    wait_for(lambda: slurm_job_state(job).get("Reason") == "BeginTime", 60,
+             "the job to be requeued (PENDING, Reason=BeginTime)")
+    slurm_ctl("scontrol", "update", "JobId=" + job, "StartTime=now")
+    st = ended(job, 240)
+    with open(d + ".out") as f:
+        out = f.read()
+    if (st.get("JobState"), st.get("ExitCode"), st.get("Restarts")) != ("COMPLETED", "0:0", "1"):
+        fail("the requeued job should end COMPLETED, ExitCode 0:0 after 1 restart: %s\n%s" %
+             ({k: st.get(k) for k in ("JobState", "ExitCode", "Restarts")}, out[-3000:]))
+    saved = re.search(r"stopped by a signal after step (\d+); checkpoint saved", out)
+    if not saved or "requeueing job " + job not in out or "(restart 1)" not in out:
+        fail("the job's output should show the save, the requeue and the resume:\n" + out[-3000:])
+    print("ok  sbatch train.sbatch: SIGTERM at step >= 8 saved step %s, requeued, resumed and "
+          "completed (%.1f s after the signal)" % (saved.group(1), time.time() - signalled))
+    compare("sbatch with a signal and a requeue", losses(d), base)
+
+    d = os.path.join(WORK, "slurm_sbatch_norequeue")
+    job = submit(d, "0")
+    wait_for(lambda: step(d) >= 3, 120, "the second batch job to train 3 steps")
+    slurm_ctl("scancel", "--signal=TERM", job)
+    st = ended(job, 120)
+    if (st.get("JobState"), st.get("ExitCode")) != ("FAILED", "130:0"):
+        fail("LOOM_REQUEUE=0: a signal stop should end the job FAILED with ExitCode 130:0: %s" %
+             {k: st.get(k) for k in ("JobState", "ExitCode", "Restarts")})
+    print("ok  LOOM_REQUEUE=0: the signal stop shows as JobState=FAILED ExitCode=130:0")
+
+
 if __name__ == "__main__":
     os.makedirs(WORK, exist_ok=True)
     cluster("up", str(MACHINES))
     try:
         {"collectives": collectives, "train": train, "elastic": elastic, "faults": faults,
-         "etcd_cluster": etcd_cluster}[MODE]()
+         "etcd_cluster": etcd_cluster, "slurm": slurm}[MODE]()
     finally:
         cluster("down")
