@@ -33,6 +33,10 @@ its own /dev/shm and host identity, joined by veth links to a bridge).
                                             losses; deploy/slurm/train.sbatch saves on
                                             SIGTERM, requeues itself and resumes with them;
                                             without requeue the job shows exit code 130
+  cluster_e2e.py LOOM WORKDIR mpirun        OpenMPI's mpirun across 2 machines (its remote
+                                            shell: mpi_agent.sh): 2 x 2 ranks train with
+                                            one process's losses; without MASTER_ADDR each
+                                            rank refuses, naming it
   cluster_e2e.py LOOM WORKDIR etcd_cluster  the same job against a 3-member etcd cluster (a
                                             member on each machine): a follower killed,
                                             then the leader, cost no restart; two killed,
@@ -700,6 +704,39 @@ def slurm():
         fail("slurm.sh down left daemons or state behind: %s" % (left or "/run/loom-slurm"))
 
 
+def mpirun():
+    """OpenMPI's mpirun across 2 machines (its remote shell: tests/cluster/mpi_agent.sh, as
+    ssh would be): 2 x 2 ranks train with one process's losses; without MASTER_ADDR every
+    rank refuses, naming it."""
+    T = Trainer(LOOM, prepare_data(LOOM, WORK))
+    extra = ["--set", "train.global_batch=24", "--set", "train.zero=3"]
+    base = one_process(T, "mpirun_one", 20, extra)
+    agent = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_agent.sh")
+    d = os.path.join(WORK, "mpirun_2x2")
+
+    def mpi(*env):
+        shutil.rmtree(d, ignore_errors=True)
+        flags = [x for e in ["LOOM_JOB_TOKEN=" + secrets.token_hex(16), "LOOM_TIMEOUT_S=60",
+                             "OMPI_MCA_btl_vader_single_copy_mechanism=none", *env]
+                 for x in ("-x", e)]
+        return subprocess.run(["bash", CLUSTER, "exec", "0", "mpirun", "--allow-run-as-root",
+                               "--oversubscribe", "--host", "%s:2,%s:2" % (addr(0), addr(1)),
+                               "-np", "4", "--mca", "plm_rsh_agent", agent, *flags, LOOM] +
+                              T.args(d, *extra), capture_output=True, text=True, timeout=300)
+
+    p = mpi()
+    said = p.stdout + p.stderr
+    if p.returncode == 0 or said.count("without MASTER_ADDR") < 4:
+        fail("mpirun across machines without MASTER_ADDR should fail on all 4 ranks naming "
+             "it:\n" + said[-3000:])
+    print("ok  mpirun across 2 machines without MASTER_ADDR: every rank refuses, naming it")
+    p = mpi("MASTER_ADDR=" + addr(0))
+    if p.returncode != 0:
+        fail("mpirun across 2 machines exited %d:\n%s" % (p.returncode,
+                                                        (p.stdout + p.stderr)[-3000:]))
+    compare("mpirun --host A:2,B:2 -np 4", losses(d), base)
+
+
 def slurm_ctl(*argv):
     return subprocess.run(["bash", SLURM, "run", "0", *argv], capture_output=True, text=True)
 
@@ -788,6 +825,6 @@ if __name__ == "__main__":
     cluster("up", str(MACHINES))
     try:
         {"collectives": collectives, "train": train, "elastic": elastic, "faults": faults,
-         "etcd_cluster": etcd_cluster, "slurm": slurm}[MODE]()
+         "etcd_cluster": etcd_cluster, "slurm": slurm, "mpirun": mpirun}[MODE]()
     finally:
         cluster("down")

@@ -230,6 +230,12 @@ std::string store_url_from_env(const LaunchInfo& info) {
     host = a;
   else if (info.source == "slurm")
     host = slurm_store_host();
+  else if (info.source == "mpirun" && info.local_size < info.size)
+    throw UserError("an mpirun job across machines (" + std::to_string(info.local_size) + " of " +
+                        std::to_string(info.size) +
+                        " ranks on this one) without MASTER_ADDR: the store's address is unknown",
+                    "pass rank 0's machine address to every rank: mpirun -x MASTER_ADDR=ADDR "
+                    "(and -x LOOM_JOB_TOKEN)");
   uint16_t port = 29500;
   if (const char* p = env("MASTER_PORT"))
     port = static_cast<uint16_t>(env_int("MASTER_PORT", 29500)), (void)p;
