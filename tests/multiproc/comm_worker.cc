@@ -162,6 +162,24 @@ int run_kill(Communicator& c, int victim) {
   return 0;
 }
 
+// The victim stops (SIGSTOP) while the others only talk among themselves, on a communicator
+// without it: no operation of theirs waits on it, so only its silent heartbeat
+// (LOOM_HEARTBEAT_S) can stop them.
+int run_silent(Communicator& c, int victim) {
+  auto mine = c.split(c.rank() == victim ? 1 : 0, c.rank());
+  if (c.rank() == victim) {
+    raise(SIGSTOP);
+    return 0;
+  }
+  std::vector<float> buf(1024, 1.0f);
+  for (int it = 0; it < 6000; ++it) {  // 60 s
+    mine->allreduce(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::kMax);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::printf("finished without noticing the silent rank\n");
+  return 0;
+}
+
 // The victim dies while its peers are reading its 32 MiB block of an allgather in place
 // (a timer thread kills it a few milliseconds into the operation).
 int run_kill_in_place(Communicator& c, int victim) {
@@ -445,6 +463,7 @@ int main(int argc, char** argv) {
     if (what == "kill") return run_kill(*c, argc > 2 ? std::atoi(argv[2]) : 1);
     if (what == "kill_in_place") return run_kill_in_place(*c, argc > 2 ? std::atoi(argv[2]) : 1);
     if (what == "kill_shared") return run_kill_shared(*c, argc > 2 ? std::atoi(argv[2]) : 1);
+    if (what == "silent") return run_silent(*c, argc > 2 ? std::atoi(argv[2]) : 1);
     if (what == "gather_shared") return run_gather_shared(*c);
     if (what == "desync") return run_desync(*c);
     if (what == "soak")

@@ -183,6 +183,25 @@ TEST(Failures, KilledRankAcrossVirtualHosts) {
   kill_test(4, 3, {{"LOOM_TEST_HOSTS", "2"}});
 }
 
+// A rank stops (SIGSTOP) while the others run operations that never wait on it (a
+// communicator without it): its heartbeat stands still, and within LOOM_HEARTBEAT_S (2 s
+// here) plus the 1 s of a watch the job fails naming it (the first survivor to fail names
+// it; the launcher then stops the rest, which may not have printed it yet).
+TEST(Failures, SilentRankIsNamedWhileNothingWaitsOnIt) {
+  Job j = run_worker(3, {"silent", "2"}, {{"LOOM_HEARTBEAT_S", "2"}}, true);
+  EXPECT_LT(j.seconds, 15) << all_logs(j);
+  int named = 0;
+  for (int r = 0; r < 2; ++r) {
+    const auto& rank = j.result.ranks[r];
+    if (rank.signal == 0) {
+      EXPECT_EQ(rank.exit_code, 3) << all_logs(j);
+      named += j.logs[r].find("the job was aborted: rank 2 has not been heard from for") !=
+               std::string::npos;
+    }
+  }
+  EXPECT_GE(named, 1) << all_logs(j);
+}
+
 // Rank 0 is killed during set-up, after creating a segment that no peer has opened (the
 // opener unlinks a name, so a kill after set-up leaves nothing anyway): when the job ends,
 // no name of its ranks is left in /dev/shm.

@@ -267,7 +267,10 @@ void Communicator::worker_loop() {
 
 void Communicator::check_abort() {
   std::string key = "abort";
-  if (!watch_store_->check({key})) return;
+  if (!watch_store_->check({key})) {
+    forget_abort_seen();  // another job's record (or none)
+    return;
+  }
   std::string why = watch_store_->get(key, Deadline::after_seconds(10));
   throw PeerError(PeerError::Kind::kAborted, "the job was aborted: " + why);
 }
@@ -353,6 +356,7 @@ void Communicator::run(Op& op, Body body, bool on_caller) {
       rec.finished(op.record, ok);
   };
   try {
+    if (job_abort_seen()) check_abort();  // e.g. a rank silent (LOOM_HEARTBEAT_S)
     body(x);
   } catch (const std::exception& e) {
     record_end(false);

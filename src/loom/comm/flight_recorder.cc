@@ -30,6 +30,13 @@ const DoubleTunable kWatchdog("LOOM_WATCHDOG_S", 60.0,
                               "seconds an operation may stay open before every rank reports "
                               "where it is and one hang report is printed (0: off)");
 constexpr double kAnswerS = 3.0;  // how long the reporter waits for the other ranks
+const DoubleTunable kHeartbeat(
+    "LOOM_HEARTBEAT_S", 10.0,
+    "seconds without a heartbeat (posted to the job's store every second by each rank's "
+    "watchdog thread) after which a rank is declared dead, stopped or cut off and the job "
+    "aborted, whatever its communicators are doing (0: off)");
+constexpr int kWatchers = 2;  // each rank is watched by the next kWatchers ranks
+std::atomic<bool> g_abort_seen{false};
 
 const auto kStart = std::chrono::steady_clock::now();
 std::atomic<bool> g_usr1{false};
@@ -64,10 +71,12 @@ class Watchdog {
     sa.sa_flags = SA_RESTART;
     ::sigaction(SIGUSR1, &sa, nullptr);
     on_signal(SIGUSR1, on_usr1);  // where the process routes it (core/signals.h)
+    heartbeat();  // the first one before the job's first operation: it is watched from here
     thread_ = std::thread([this] { loop(); });
   }
 
-  // Joined at exit (an atexit handler, before the statics it uses are destroyed).
+  // Joined at exit (an atexit handler, before the statics it uses are destroyed); the
+  // heartbeat says "done", so that the ranks still running do not take this one for dead.
   void stop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -75,6 +84,10 @@ class Watchdog {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
+    try {
+      if (beat_ > 0) store_->set(hb_key(rank_), "done");
+    } catch (const std::exception&) {  // the store is gone: nobody is left to watch
+    }
   }
 
  private:
@@ -86,6 +99,7 @@ class Watchdog {
           if (cv_.wait_for(lock, std::chrono::milliseconds(250), [&] { return stop_; })) return;
         }
         tick();
+        heartbeat();
       }
     } catch (const std::exception& e) {
       // The store went away (the job is ending): nothing left to report to.
@@ -137,6 +151,41 @@ class Watchdog {
   }
 
   static std::string key(int q) { return "hang/rank" + std::to_string(q); }
+  static std::string hb_key(int q) { return "hb/rank" + std::to_string(q); }
+
+  // Every second: post this rank's heartbeat, watch the next kWatchers ranks' (so every
+  // rank is watched, at a store cost linear in ranks), and look for the job's abort record.
+  // A watched rank whose heartbeat stood still for LOOM_HEARTBEAT_S is dead, stopped or cut
+  // off: the abort record names it, and every rank's operations fail with it — also where a
+  // job's idle communicators would notice only at their next operation. A rank is watched
+  // once its first heartbeat is seen (ranks that share a process post none of their own).
+  void heartbeat() {
+    const double now = FlightRecorder::now_s();
+    if (heartbeat_s_ <= 0 || now - last_beat_ < 1.0) return;
+    last_beat_ = now;
+    store_->set(hb_key(rank_), std::to_string(++beat_));
+    if (!g_abort_seen && store_->check({"abort"})) g_abort_seen = true;
+    for (int k = 1; k <= kWatchers && k < size_ && !declared_; ++k) {
+      const int q = (rank_ + k) % size_;
+      if (!store_->check({hb_key(q)})) continue;
+      const std::string v = store_->get(hb_key(q), Deadline::after_seconds(10));
+      Heard& h = heard_[q];
+      if (v == "done" || v != h.value) {
+        h = {v, now};
+        continue;
+      }
+      if (now - h.at < heartbeat_s_) continue;
+      declared_ = true;
+      const std::string why =
+          "rank " + std::to_string(q) + " has not been heard from for " +
+          std::to_string(static_cast<int>(now - h.at)) +
+          " s (LOOM_HEARTBEAT_S = " + std::to_string(static_cast<int>(heartbeat_s_)) +
+          "): dead, stopped (SIGSTOP) or cut off; noticed by rank " + std::to_string(rank_);
+      LOOM_LOG(kWarn, "comm") << why;
+      store_->compare_set("abort", "", why);
+      g_abort_seen = true;
+    }
+  }
 
   void post(double now) {
     FlightRecorder& rec = FlightRecorder::get();
@@ -210,6 +259,15 @@ class Watchdog {
   std::string cause_;
   bool raised_ = false, posted_ = false, reporter_ = false, reported_ = false;
   double asked_at_ = 0;
+  struct Heard {
+    std::string value;  // the rank's last heartbeat
+    double at = 0;      // when it last changed (as this rank saw it)
+  };
+  const double heartbeat_s_ = kHeartbeat.get();
+  double last_beat_ = -1;
+  uint64_t beat_ = 0;
+  std::map<int, Heard> heard_;
+  bool declared_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -392,6 +450,14 @@ std::string FlightRecorder::describe(const FlightEntry& e, double now) {
                   "' (" + std::to_string(e.bytes) + " bytes): " + when;
   if (!e.waiting_for.empty()) s += ", waiting for rank(s) " + ranks_text(e.waiting_for);
   return s;
+}
+
+bool job_abort_seen() {
+  return g_abort_seen.load(std::memory_order_relaxed);
+}
+
+void forget_abort_seen() {
+  g_abort_seen = false;
 }
 
 void start_watchdog(std::unique_ptr<Store> store, int rank, int size) {

@@ -94,7 +94,14 @@ class FlightRecorder {
 };
 
 // Starts the process's watchdog once (later calls do nothing). `store` is a connection of
-// its own to the job's namespace; `rank`/`size` the world's.
+// its own to the job's namespace; `rank`/`size` the world's. It also posts this rank's
+// heartbeat every second and watches the next ranks' (LOOM_HEARTBEAT_S).
 void start_watchdog(std::unique_ptr<Store> store, int rank, int size);
+
+// The watchdog saw the job's abort record (it looks every second): every operation checks
+// this as it starts, so that ranks whose communicators never wait on a dead rank stop too.
+bool job_abort_seen();
+// The record was not this communicator's job's (a process that ran several jobs).
+void forget_abort_seen();
 
 }  // namespace loom::comm
