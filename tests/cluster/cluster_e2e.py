@@ -37,6 +37,9 @@ its own /dev/shm and host identity, joined by veth links to a bridge).
                                             shell: mpi_agent.sh): 2 x 2 ranks train with
                                             one process's losses; without MASTER_ADDR each
                                             rank refuses, naming it
+  cluster_e2e.py LOOM WORKDIR scale [N]     2 machines x N (16) ranks, 32 processes on 2
+                                            cores: 3 steps of tiny with ZeRO-3 and one
+                                            process's losses; the time to the first step
   cluster_e2e.py LOOM WORKDIR etcd_cluster  the same job against a 3-member etcd cluster (a
                                             member on each machine): a follower killed,
                                             then the leader, cost no restart; two killed,
@@ -67,18 +70,19 @@ def cluster(*args, **kw):
     return subprocess.run(["bash", CLUSTER, *args], check=True, **kw)
 
 
-def start_job(argv, logs, bad_token_rank=-1, timeout_s=60, env=()):
-    """Starts argv as MACHINES x PER_MACHINE ranks, each on its machine with the environment
+def start_job(argv, logs, bad_token_rank=-1, timeout_s=60, env=(), machines=MACHINES,
+              per_machine=PER_MACHINE):
+    """Starts argv as machines x per_machine ranks, each on its machine with the environment
     a launcher would give it (bad_token_rank gets another job token; env: more NAME=VALUE);
     returns the processes (rank order)."""
     token = secrets.token_hex(16)
-    world = MACHINES * PER_MACHINE
+    world = machines * per_machine
     store = "LOOM_STORE=tcp://%s:%d" % (addr(0), PORT)  # rank 0 hosts it on machine 0
     procs = []
     for rank in range(world):
-        m, local = divmod(rank, PER_MACHINE)
+        m, local = divmod(rank, per_machine)
         rank_env = ["LOOM_RANK=%d" % rank, "LOOM_WORLD_SIZE=%d" % world,
-                    "LOOM_LOCAL_RANK=%d" % local, "LOOM_LOCAL_WORLD_SIZE=%d" % PER_MACHINE,
+                    "LOOM_LOCAL_RANK=%d" % local, "LOOM_LOCAL_WORLD_SIZE=%d" % per_machine,
                     store,
                     "LOOM_JOB_TOKEN=" + (secrets.token_hex(16) if rank == bad_token_rank
                                          else token),
@@ -704,6 +708,38 @@ def slurm():
         fail("slurm.sh down left daemons or state behind: %s" % (left or "/run/loom-slurm"))
 
 
+def scale():
+    """The ranks of real clusters: 2 machines x 16 ranks (32 processes on this computer's 2
+    cores) train 3 steps of tiny with ZeRO-3 and one process's losses; the time from start to
+    the first step is reported."""
+    per = int(sys.argv[4]) if len(sys.argv) > 4 else 16  # (smaller: how the times grow)
+    T = Trainer(LOOM, prepare_data(LOOM, WORK))
+    # 2 x per ranks x micro-batch 2 (x 2 accumulation steps below 16 ranks a machine)
+    extra = ["--set", "train.global_batch=64", "--set", "train.zero=3"]
+    base = one_process(T, "scale_one", 3, extra)
+    d = os.path.join(WORK, "scale_2x%d" % per)
+    logs = d + "_logs"
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(logs, exist_ok=True)
+    started = time.time()
+    procs = start_job([LOOM] + T.args(d, *extra, steps=3), logs, timeout_s=180, machines=2,
+                      per_machine=per)
+
+    def first_step():
+        try:
+            return any("loss" in m for m in metrics(d))
+        except OSError:
+            return False
+    wait_for(first_step, 300, "the first step of 2 x 16 ranks")
+    first = time.time() - started
+    wait_job(procs, logs)
+    total = time.time() - started
+    compare("2 machines x %d ranks, ZeRO-3" % per, losses(d), base)
+    print("ok  2 x %d ranks: first step %.1f s after start (processes, store, %d shared-memory "
+          "pairs (%d a machine) and %d TCP pairs between the machines), 3 steps in %.1f s" %
+          (per, first, per * (per - 1), per * (per - 1) // 2, per * per, total))
+
+
 def mpirun():
     """OpenMPI's mpirun across 2 machines (its remote shell: tests/cluster/mpi_agent.sh, as
     ssh would be): 2 x 2 ranks train with one process's losses; without MASTER_ADDR every
@@ -825,6 +861,6 @@ if __name__ == "__main__":
     cluster("up", str(MACHINES))
     try:
         {"collectives": collectives, "train": train, "elastic": elastic, "faults": faults,
-         "etcd_cluster": etcd_cluster, "slurm": slurm, "mpirun": mpirun}[MODE]()
+         "etcd_cluster": etcd_cluster, "slurm": slurm, "mpirun": mpirun, "scale": scale}[MODE]()
     finally:
         cluster("down")
