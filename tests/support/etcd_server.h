@@ -29,6 +29,21 @@ inline int etcd_free_port() {
   return next += 2;
 }
 
+// Starts etcd with args (args[0] is "etcd"), its stderr to log (opened with mode "w" or
+// "a"); returns its pid.
+inline pid_t spawn_etcd(std::vector<std::string> args, const std::string& log, const char* mode) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (!freopen(log.c_str(), mode, stderr)) _exit(126);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execvp("etcd", argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
 // Certificates for a TLS etcd, made with the openssl command: a CA, a server certificate
 // for 127.0.0.1 and a client certificate, all signed by the CA.
 inline void make_certificates(const std::string& dir) {
@@ -87,15 +102,7 @@ class EtcdServer {
            {"--cert-file", "server.crt", "--key-file", "server.key", "--trusted-ca-file", "ca.crt"})
         args.push_back(a.starts_with("--") ? a : certs + "/" + a);
     if (tls) args.push_back("--client-cert-auth");
-    pid_ = fork();
-    if (pid_ == 0) {
-      if (!freopen(log.c_str(), "w", stderr)) _exit(126);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execvp("etcd", argv.data());
-      _exit(127);
-    }
+    pid_ = spawn_etcd(args, log, "w");
     Etcd probe(url_, tls_, 1);
     for (int i = 0; i < 200; ++i) {
       try {
@@ -198,15 +205,7 @@ class EtcdCluster {
                                      peers_[i], "--initial-cluster",
                                      initial_,  "--initial-cluster-state",
                                      "new"};
-    pids_[i] = fork();
-    if (pids_[i] == 0) {
-      if (!freopen(log.c_str(), "a", stderr)) _exit(126);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execvp("etcd", argv.data());
-      _exit(127);
-    }
+    pids_[i] = spawn_etcd(args, log, "a");
   }
   // Member i serves a read (so the cluster has a leader), within 30 s.
   void wait_ready(int i) {
