@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs dependencies, builds (Release, GCC, warnings as
 # errors) and runs every unit, multi-process and end-to-end test and PyTorch's own
-# distributed suite (18-27 minutes on 2 cores from a fresh clone, by the host's speed). The
+# distributed suite (18-30 minutes on 2 cores from a fresh clone, by the host's speed). The
 # sanitizer builds and the fuzzer are scripts/sanitize.sh (27-38 minutes more); CI (.ci/run)
 # runs both.
 set -euo pipefail
