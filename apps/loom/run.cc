@@ -117,12 +117,10 @@ int run_machines(const Args& a, launch::LaunchOptions lo, bool is_train) {
                     "e.g. --rdzv etcd://10.0.0.1:2379 (etcd's client URL), or a cluster's "
                     "members: etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379");
   std::string endpoint;
-  for (std::string rest = a.rdzv.substr(tls ? 8 : 7); !rest.empty();) {
-    const size_t comma = std::min(rest.find(','), rest.size());
-    endpoint += std::string(endpoint.empty() ? "" : ",") + (tls ? "https://" : "http://") +
-                rest.substr(0, comma);
-    rest.erase(0, std::min(comma + 1, rest.size()));
-  }
+  for (const std::string& member : launch::etcd_endpoint_list(a.rdzv.substr(tls ? 8 : 7)))
+    if (!member.empty())  // (a trailing comma)
+      endpoint +=
+          std::string(endpoint.empty() ? "" : ",") + (tls ? "https://" : "http://") + member;
   if (a.rdzv_id.empty())
     throw UserError("--rdzv needs --rdzv-id JOB, the same on every machine of the job",
                     "e.g. --rdzv-id gpt-run-7");

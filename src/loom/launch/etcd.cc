@@ -68,6 +68,8 @@ struct Post {
     if (!tls.key_file.empty()) curl_easy_setopt(h, CURLOPT_SSLKEY, tls.key_file.c_str());
   }
   ~Post() { curl_easy_cleanup(h); }
+  // Why the transfer failed with rc: curl's message for it.
+  std::string why(CURLcode rc) const { return err[0] ? err.c_str() : curl_easy_strerror(rc); }
   Post(const Post&) = delete;
   Post& operator=(const Post&) = delete;
 };
@@ -96,12 +98,19 @@ std::string etcd_prefix_end(const std::string& prefix) {
   return std::string(1, '\0');  // etcd: every key
 }
 
+std::vector<std::string> etcd_endpoint_list(const std::string& list) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
 Etcd::Etcd(const std::string& endpoints, EtcdTls tls, double timeout_s, bool announce_moves)
     : tls_(std::move(tls)), timeout_s_(timeout_s), announce_moves_(announce_moves) {
-  for (size_t at = 0; at <= endpoints.size();) {
-    size_t comma = std::min(endpoints.find(',', at), endpoints.size());
-    std::string e = endpoints.substr(at, comma - at);
-    at = comma + 1;
+  for (std::string e : etcd_endpoint_list(endpoints)) {
     while (!e.empty() && e.back() == '/') e.pop_back();
     if (e.rfind("http://", 0) != 0 && e.rfind("https://", 0) != 0)
       throw UserError("etcd endpoint '" + e + "' is not http://HOST:PORT or https://...",
@@ -123,14 +132,14 @@ struct Etcd::Answer {
   std::string why;  // empty: served
 };
 
-Etcd::Answer Etcd::attempt(const std::string& endpoint, const std::string& path,
-                           const json& body) const {
-  Post post(endpoint + path, body.dump(), tls_, timeout_s_);
+Etcd::Answer Etcd::attempt(const std::string& endpoint, const std::string& path, const json& body,
+                           double timeout_s) const {
+  Post post(endpoint + path, body.dump(), tls_, timeout_s);
   std::string response;
   curl_easy_setopt(post.h, CURLOPT_WRITEFUNCTION, append);
   curl_easy_setopt(post.h, CURLOPT_WRITEDATA, &response);
   const CURLcode rc = curl_easy_perform(post.h);
-  if (rc != CURLE_OK) return {json(), post.err[0] ? post.err.c_str() : curl_easy_strerror(rc)};
+  if (rc != CURLE_OK) return {json(), post.why(rc)};
   long status = 0;
   curl_easy_getinfo(post.h, CURLINFO_RESPONSE_CODE, &status);
   json j = json::parse(response, nullptr, /*allow_exceptions=*/false);
@@ -148,17 +157,17 @@ Etcd::Answer Etcd::attempt(const std::string& endpoint, const std::string& path,
 
 json Etcd::call(const std::string& path, const json& body) {
   const size_t n = endpoints_.size(), first = current_.load();
-  std::vector<std::string> failures;
+  std::vector<std::string> why(n);
   for (size_t k = 0; k < n; ++k) {
-    const size_t i = (first + k) % n;
-    Answer a = attempt(endpoints_[i], path, body);
+    const size_t i = (first + k) % n, before = (i + n - 1) % n;
+    Answer a = attempt(endpoints_[i], path, body, timeout_s_);
     if (a.why.empty()) {
-      if (k > 0) move_to(i, failures.back());
+      if (k > 0) move_to(i, endpoints_[before] + ": " + why[before]);
       return std::move(a.body);
     }
-    failures.push_back(endpoints_[i] + ": " + a.why);
+    why[i] = std::move(a.why);
   }
-  throw unavailable(path, failures);
+  throw unavailable(path, why);
 }
 
 void Etcd::move_to(size_t next, const std::string& why) {
@@ -168,14 +177,14 @@ void Etcd::move_to(size_t next, const std::string& why) {
 }
 
 EtcdUnavailable Etcd::unavailable(const std::string& path,
-                                  const std::vector<std::string>& failures) const {
+                                  const std::vector<std::string>& why) const {
   // Each member reports its own status without consensus: one that answers with no leader
   // is cut from the majority, and then the cluster has lost its quorum.
   std::vector<std::string> leaderless, silent;
   for (const std::string& e : endpoints_) {
     try {
-      Etcd one(e, tls_, std::min(timeout_s_, 1.0), false);
-      const Answer a = one.attempt(e, "/v3/maintenance/status", json::object());
+      const Answer a =
+          attempt(e, "/v3/maintenance/status", json::object(), std::min(timeout_s_, 1.0));
       if (!a.why.empty())
         silent.push_back(e);
       else if (id_of(a.body, "leader").empty())
@@ -189,8 +198,12 @@ EtcdUnavailable Etcd::unavailable(const std::string& path,
     for (const std::string& e : v) s += (s.empty() ? "" : ", ") + e;
     return s;
   };
+  // In the order the call tried them (from the member in use on).
   std::string tried;
-  for (const std::string& f : failures) tried += (tried.empty() ? "" : "; ") + f;
+  for (size_t k = 0; k < endpoints_.size(); ++k) {
+    const size_t i = (current_.load() + k) % endpoints_.size();
+    tried += (tried.empty() ? "" : "; ") + endpoints_[i] + ": " + why[i];
+  }
   if (!leaderless.empty()) {
     std::string what = "etcd has lost its quorum: " + list(leaderless) + " answer" +
                        (leaderless.size() > 1 ? "" : "s") + " without a leader";
@@ -201,9 +214,7 @@ EtcdUnavailable Etcd::unavailable(const std::string& path,
                            true);
   }
   if (endpoints_.size() == 1)  // "etcd at URL: PATH failed: why"
-    return EtcdUnavailable("etcd at " + endpoints_[0] + ": " + path +
-                               " failed: " + failures[0].substr(endpoints_[0].size() + 2),
-                           false);
+    return EtcdUnavailable("etcd at " + endpoints_[0] + ": " + path + " failed: " + why[0], false);
   return EtcdUnavailable("etcd cannot be reached: none of its " +
                              std::to_string(endpoints_.size()) + " members serves " + path + " (" +
                              tried + ")",
@@ -309,7 +320,7 @@ std::vector<EtcdEvent> Etcd::watch_prefix(const std::string& prefix, int64_t fro
   curl_easy_setopt(post.h, CURLOPT_WRITEDATA, &s);
   const CURLcode rc = curl_easy_perform(post.h);
   if (rc != CURLE_OK && rc != CURLE_WRITE_ERROR && rc != CURLE_OPERATION_TIMEDOUT) {
-    const std::string why = post.err[0] ? post.err.c_str() : curl_easy_strerror(rc);
+    const std::string why = post.why(rc);
     if (endpoints_.size() == 1)
       throw EtcdUnavailable("etcd at " + endpoints_[at] + ": /v3/watch failed: " + why, false);
     // The caller reads again after a watch (it may have missed nothing but a wait): the

@@ -92,14 +92,13 @@ class Etcd {
 
  private:
   struct Answer;
-  Answer attempt(const std::string& endpoint, const std::string& path,
-                 const nlohmann::json& body) const;
+  Answer attempt(const std::string& endpoint, const std::string& path, const nlohmann::json& body,
+                 double timeout_s) const;
   nlohmann::json call(const std::string& path, const nlohmann::json& body);
   void move_to(size_t next, const std::string& why);
-  // Why no member served `path`: each one's failure, and whether those that answer have a
-  // leader (a status query each member answers by itself).
-  EtcdUnavailable unavailable(const std::string& path,
-                              const std::vector<std::string>& failures) const;
+  // Why no member served `path`: each one's failure (why[i] for endpoints_[i]), and whether
+  // those that answer have a leader (a status query each member answers by itself).
+  EtcdUnavailable unavailable(const std::string& path, const std::vector<std::string>& why) const;
 
   std::vector<std::string> endpoints_;
   std::atomic<size_t> current_{0};
@@ -110,5 +109,9 @@ class Etcd {
 
 // The end of etcd's range for every key starting with prefix (its last byte + 1).
 std::string etcd_prefix_end(const std::string& prefix);
+
+// The members of a comma-separated endpoint list ("A,B,C"), in order (empty ones kept, for
+// the caller to refuse).
+std::vector<std::string> etcd_endpoint_list(const std::string& list);
 
 }  // namespace loom::launch

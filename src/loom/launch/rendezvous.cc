@@ -21,6 +21,11 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
 json node_json(const NodeInfo& n) {
   return {{"host", n.host},
           {"addr", n.addr},
@@ -114,13 +119,6 @@ Rendezvous::~Rendezvous() {
   } catch (const Error&) {  // etcd gone: the lease expires on its own
   }
 }
-
-namespace {
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
 
 void Rendezvous::keepalive_loop() {
   // Its own handle (calls do not share curl state), quiet: the main handle says when the
@@ -404,12 +402,11 @@ void Rendezvous::finish(const Membership& m, double timeout_s) {
 
 std::string address_towards(const std::string& endpoints) {
   // The first member that takes a connection (of "URL,URL,..."); 2 s each but the last.
-  for (size_t at = 0; at < endpoints.size();) {
-    const size_t comma = std::min(endpoints.find(',', at), endpoints.size());
-    std::string hp = endpoints.substr(at, comma - at);
-    at = comma + 1;
-    const bool last = at >= endpoints.size();
-    hp = hp.substr(hp.find("://") == std::string::npos ? 0 : hp.find("://") + 3);
+  const std::vector<std::string> urls = etcd_endpoint_list(endpoints);
+  for (size_t i = 0; i < urls.size(); ++i) {
+    const bool last = i + 1 == urls.size();
+    std::string hp =
+        urls[i].substr(urls[i].find("://") == std::string::npos ? 0 : urls[i].find("://") + 3);
     if (auto slash = hp.find('/'); slash != std::string::npos) hp.resize(slash);
     try {
       comm::net::Fd fd = comm::net::connect_to(comm::net::parse_host_port(hp, "the etcd endpoint"),
