@@ -106,6 +106,14 @@ def wait_job(procs, logs, timeout=600):
             fail("rank %d exited %d:\n%s" % (rank, rc, read(logs, rank)[-3000:]))
 
 
+def trained_steps(run_dir):
+    """The last step run_dir's metrics.jsonl has a loss for (0 before the first)."""
+    try:
+        return max([m["step"] for m in metrics(run_dir) if "loss" in m] or [0])
+    except OSError:
+        return 0
+
+
 def read(logs, rank):
     with open(os.path.join(logs, "rank%d.log" % rank)) as f:
         return f.read()
@@ -325,10 +333,7 @@ class RdzvJob:
         self.gone.discard(m)
 
     def step(self):
-        try:
-            return max([m["step"] for m in metrics(self.d) if "loss" in m] or [0])
-        except OSError:
-            return 0
+        return trained_steps(self.d)
 
     def log(self, m):
         with open(self.logs[m]) as f:
@@ -725,12 +730,7 @@ def scale():
     procs = start_job([LOOM] + T.args(d, *extra, steps=3), logs, timeout_s=180, machines=2,
                       per_machine=per)
 
-    def first_step():
-        try:
-            return any("loss" in m for m in metrics(d))
-        except OSError:
-            return False
-    wait_for(first_step, 300, "the first step of 2 x 16 ranks")
+    wait_for(lambda: trained_steps(d) >= 1, 300, "the first step of 2 x 16 ranks")
     first = time.time() - started
     wait_job(procs, logs)
     total = time.time() - started
@@ -810,12 +810,6 @@ def sbatch_requeue(T, extra):
             fail("sbatch failed: " + r.stdout + r.stderr)
         return r.stdout.strip().split(";")[0]
 
-    def step(d):
-        try:
-            return max([m["step"] for m in metrics(d) if "loss" in m] or [0])
-        except OSError:
-            return 0
-
     def ended(job, timeout):
         wait_for(lambda: slurm_job_state(job).get("JobState") in
                  ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), timeout,
@@ -824,7 +818,7 @@ def sbatch_requeue(T, extra):
 
     d = os.path.join(WORK, "slurm_sbatch")
     job = submit(d, "1")
-    wait_for(lambda: step(d) >= 8, 120, "the batch job to train 8 steps")
+    wait_for(lambda: trained_steps(d) >= 8, 120, "the batch job to train 8 steps")
     signalled = time.time()
     slurm_ctl("scancel", "--signal=TERM", job)  # what --signal=TERM@120 sends
     # Slurm holds a requeued job for 120 s (Reason=BeginTime); an operator's StartTime=now
@@ -847,7 +841,7 @@ def sbatch_requeue(T, extra):
 
     d = os.path.join(WORK, "slurm_sbatch_norequeue")
     job = submit(d, "0")
-    wait_for(lambda: step(d) >= 3, 120, "the second batch job to train 3 steps")
+    wait_for(lambda: trained_steps(d) >= 3, 120, "the second batch job to train 3 steps")
     slurm_ctl("scancel", "--signal=TERM", job)
     st = ended(job, 120)
     if (st.get("JobState"), st.get("ExitCode")) != ("FAILED", "130:0"):
