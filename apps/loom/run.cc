@@ -247,6 +247,10 @@ int run_machines(const Args& a, launch::LaunchOptions lo, bool is_train) {
       case C::kRoundMoved:
       case C::kLeaseLost:
         why = describe(change);
+        // A rank of this machine killed by a signal from outside (the OOM killer, an
+        // operator) is this machine's own cause, even when another machine's launcher saw
+        // its connections close and moved the round first.
+        if (e && e->signal != 0) why = e->describe() + "; " + why;
         break;
       case C::kNone:
         if (res.timed_out) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "loom/core/error.h"
+#include "loom/launch/etcd.h"
 #include "support/etcd_server.h"
 
 namespace loom::launch {
@@ -164,6 +165,21 @@ TEST(Rendezvous, AKilledMachineIsNoticedWhenItsLeaseExpires) {
   EXPECT_LE(seconds_since(killed), o.lease_ttl_s + 2.5);
   close(ready[0]);
   close(ready[1]);
+}
+
+TEST(Rendezvous, ALeaseEtcdNoLongerHasIsReplacedWhenTheMachineJoins) {
+  // A machine cut off from etcd for longer than its lease's TTL finds its lease gone when
+  // it reaches etcd again (seen in the cross-machine campaign: "requested lease not found"
+  // ended the launcher). Revoked here from outside, the join right after (before the
+  // keep-alive thread's next beat) must take a new lease and join.
+  const RendezvousOptions o = options("lease-gone", 1, 1);
+  Rendezvous ra(server().url(), {}, o);
+  const int64_t old = ra.lease();
+  Etcd(server().url()).revoke(old);
+  const Membership m = ra.join(node("a"));
+  EXPECT_EQ(m.hosts(), "a");
+  EXPECT_NE(ra.lease(), old);
+  EXPECT_FALSE(ra.watch(m, 1.5)) << "the new lease is kept alive";
 }
 
 TEST(Rendezvous, RecordsSignedWithAnotherTokenAreIgnored) {

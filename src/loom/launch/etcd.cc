@@ -150,6 +150,8 @@ Etcd::Answer Etcd::attempt(const std::string& endpoint, const std::string& path,
   // change) or a deadline passed waiting for consensus (500 "context deadline exceeded" from
   // a member without a leader). Another member may serve it; a 4xx is the call's own error.
   if (status >= 500) return {json(), "answered HTTP " + std::to_string(status) + ": " + message};
+  if (status == 404 && message.find("lease not found") != std::string::npos)
+    throw EtcdLeaseGone("etcd at " + endpoint + ": " + path + ": " + message);
   throw PeerError(PeerError::Kind::kProtocol, "etcd at " + endpoint + ": " + path +
                                                   " answered HTTP " + std::to_string(status) +
                                                   ": " + message);

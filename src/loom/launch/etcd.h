@@ -49,6 +49,13 @@ class EtcdUnavailable : public PeerError {
   bool quorum_lost_;
 };
 
+// A call made with a lease etcd no longer has (it expired while this machine could not reach
+// etcd): the caller grants a new lease and repeats the call.
+class EtcdLeaseGone : public PeerError {
+ public:
+  explicit EtcdLeaseGone(const std::string& what) : PeerError(Kind::kClosed, what) {}
+};
+
 class Etcd {
  public:
   // endpoints: http://host:port or https://host:port, or several (a cluster's members)

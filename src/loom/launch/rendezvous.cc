@@ -131,8 +131,14 @@ void Rendezvous::keepalive_loop() {
     // Every keepalive_s; every second while etcd fails, to see it come back soon.
     if (since(last) < (etcd_failing_ ? 1.0 : opts_.keepalive_s)) continue;
     last = Clock::now();
+    // A lease the main thread has since replaced (join() grants a new one) is not lost.
+    const int64_t lease = lease_;
     try {
-      if (etcd.keep_alive(lease_) <= 0) lease_lost_ = true;
+      try {
+        if (etcd.keep_alive(lease) <= 0 && lease_ == lease) lease_lost_ = true;
+      } catch (const EtcdLeaseGone&) {
+        if (lease_ == lease) lease_lost_ = true;
+      }
       etcd_ok_ns_ = now_ns();
       etcd_failing_ = etcd_lost_ = false;
     } catch (const Error& e) {
@@ -337,6 +343,10 @@ Membership Rendezvous::join(const NodeInfo& self) {
       double wait = 1.0;  // re-read at least this often (the last call, lease expiry)
       if (min_at >= 0) wait = std::clamp(opts_.last_call_s - (since(start) - min_at), 0.05, 1.0);
       etcd_.watch_prefix(prefix(), rev + 1, wait);
+    } catch (const EtcdLeaseGone&) {
+      // The lease expired while etcd could not be reached (the keep-alive thread may not
+      // have seen it yet): a new one, and this machine joins again.
+      lease_lost_ = true;
     } catch (const EtcdUnavailable& e) {  // retried (the steps above can be repeated)
       if (etcd_away < 0) etcd_away = since(start);
       waiting_for_etcd(e, since(start) - etcd_away);
