@@ -4,6 +4,7 @@
 set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git
+  ccache                            # compiler cache: a rebuild of unchanged sources is a lookup
   libssl-dev libcli11-dev nlohmann-json3-dev libpcre2-dev zlib1g-dev liblzma-dev
   libzstd-dev libsimdjson-dev zstd xz-utils   # JSON Lines corpora: .zst, simdjson's parser
   libdnnl-dev                       # oneDNN: GEMM (fp32, bf16) for the CPU kernels
