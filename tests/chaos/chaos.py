@@ -39,7 +39,8 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
-from common import TOL, Trainer, alive, losses, prepare_data, rank_pid  # noqa: E402
+from common import (TOL, Trainer, alive, losses, prepare_data, rank_pid,  # noqa: E402
+                    worst_relative)
 
 STEPS = 30        # per training run; checkpoints every 5
 TIMEOUT_S = 8     # LOOM_TIMEOUT_S: a stopped rank's peers give up after this
@@ -75,11 +76,6 @@ class Trial:
         if not ok:
             self.problems.append(what)
         return ok
-
-
-def worst_diff(got, want, steps=None):
-    """The largest relative difference of got's losses from want's (a missing step: huge)."""
-    return max(abs(got.get(s, 1e9) - want[s]) / abs(want[s]) for s in (steps or want))
 
 
 def shm_names():
@@ -207,7 +203,7 @@ class Campaign:
         if not later:  # the newest checkpoint is the last step's: it loaded, nothing to run
             t.note += "resumed at the last step; "
             return
-        worst = worst_diff(got, want, later)
+        worst = worst_relative(got, want, later)
         t.resume = "checked"
         t.check(worst <= TOL, "resumed from step %d, the losses differ by %.1e" % (step, worst))
         t.note += "resumed from step %d, losses within %.0e; " % (step, worst)
@@ -282,7 +278,7 @@ class Campaign:
         if restarts:
             t.check(rc == 0, "with --max-restarts 1 the job should recover, exit %s: %s" %
                     (rc, text[-400:]))
-            worst = worst_diff(losses(run_dir), self.reference(layout))
+            worst = worst_relative(losses(run_dir), self.reference(layout))
             t.check(worst <= TOL, "after the restart the losses differ by %.1e" % worst)
             t.note += "recovered by restart, losses within %.0e" % worst
             t.outcome = "recovered"
@@ -377,7 +373,7 @@ class Campaign:
         if rc == 0 and layout:
             # The connection was idle until the end (a communicator the layout no longer
             # uses): the job must then have trained exactly as without the fault.
-            worst = worst_diff(losses(run_dir), self.reference(layout))
+            worst = worst_relative(losses(run_dir), self.reference(layout))
             t.check(worst <= TOL, "unaffected by the cut, yet the losses differ by %.1e" % worst)
             t.note += "an idle connection: the job finished with the uninterrupted losses"
             t.outcome = "unaffected"

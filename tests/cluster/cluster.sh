@@ -14,6 +14,8 @@
 #   cluster.sh kill I          SIGKILL everything running on machine I (a crash: the
 #                              machine itself stays, and `exec` can start on it again)
 #   cluster.sh cut I           cut machine I's link (both ends down): it is alive, unreachable
+#   cluster.sh shape I RATE    shape machine I's link both ways from now on (RATE none: undo)
+#   cluster.sh heal I          undo a cut and every iptables rule made inside machine I
 #   cluster.sh down            stop everything started inside, remove it all (idempotent)
 set -euo pipefail
 STATE=/run/loom-cluster
@@ -89,6 +91,21 @@ case "${1:-}" in
     ip -n "$PREFIX-$2" link set eth0 down
     ip -n "$SWITCH" link set "p$2" down
     ;;
+  shape)  # shape I RATE: machine I's link shaped both ways now; RATE "none": unshaped
+    holder "$2" > /dev/null
+    if [ "$3" = none ]; then
+      ip netns exec "$PREFIX-$2" tc qdisc del dev eth0 root 2> /dev/null || true
+      ip netns exec "$SWITCH" tc qdisc del dev "p$2" root 2> /dev/null || true
+    else
+      shape "$PREFIX-$2" eth0 "$3" && shape "$SWITCH" "p$2" "$3"
+    fi
+    ;;
+  heal)
+    holder "$2" > /dev/null
+    ip -n "$PREFIX-$2" link set eth0 up
+    ip -n "$SWITCH" link set "p$2" up
+    ip netns exec "$PREFIX-$2" iptables -F
+    ;;
   kill)
     pid=$(holder "$2")
     for p in $(ip netns pids "$PREFIX-$2"); do [ "$p" = "$pid" ] || kill -9 "$p" 2> /dev/null || true; done
@@ -98,5 +115,5 @@ case "${1:-}" in
     pid=$(holder "$i")
     exec nsenter -t "$pid" --net --mount --ipc --wd="$PWD" env LOOM_HOST_ID="$PREFIX-$i" "$@"
     ;;
-  *) die "usage: cluster.sh up N [RATE] | exec I CMD... | addr I | kill I | cut I | down" ;;
+  *) die "usage: cluster.sh up N [RATE] | exec I CMD... | addr I | kill I | cut I | heal I | shape I RATE | down" ;;
 esac

@@ -23,16 +23,17 @@ its own /dev/shm and host identity, joined by veth links to a bridge).
                                             is cut, its lease expires and the other two go
                                             on; the losses are one process's throughout,
                                             within 1e-5
-  cluster_e2e.py LOOM WORKDIR faults        the same job through etcd restarted, a rank
-                                            stopped with SIGSTOP (a hang) and a machine's
-                                            traffic dropped by iptables: each reported,
+  cluster_e2e.py LOOM WORKDIR faults        the same job through etcd restarted and a rank
+                                            stopped with SIGSTOP (a hang): each reported,
                                             the job goes on, losses one process's
-  cluster_e2e.py LOOM WORKDIR slurm         a real Slurm cluster (tests/cluster/slurm.sh) on 2
+  cluster_e2e.py LOOM WORKDIR slurm         a real Slurm cluster (tests/cluster/slurm.sh) on 3
                                             machines: srun -N 2 --ntasks-per-node=2 and the
                                             uneven srun -N 2 -n 3 train with one process's
                                             losses; deploy/slurm/train.sbatch saves on
                                             SIGTERM, requeues itself and resumes with them;
-                                            without requeue the job shows exit code 130
+                                            without requeue the job shows exit code 130; a
+                                            node killed mid-job: requeued, resumed on the
+                                            healthy nodes with one process's losses
   cluster_e2e.py LOOM WORKDIR mpirun        OpenMPI's mpirun across 2 machines (its remote
                                             shell: mpi_agent.sh): 2 x 2 ranks train with
                                             one process's losses; without MASTER_ADDR each
@@ -60,7 +61,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from common import (Trainer, compare, fail, losses, metrics, prepare_data,  # noqa: E402
                     rank_pid, wait_for)
 
-LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
+LOOM = WORK = MODE = None  # set by main, or by configure() where another script imports this
+
+
+def configure(loom, work):
+    """For scripts that import these helpers (tests/chaos/machines.py): the loom binary and
+    the work folder every helper uses."""
+    global LOOM, WORK
+    LOOM, WORK = loom, work
 CLUSTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.sh")
 SLURM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm.sh")
 MACHINES, PER_MACHINE, PORT = 3, 2, 29611
@@ -313,7 +321,7 @@ class RdzvJob:
     user types on every machine of a cluster), with the job's logs and progress."""
 
     def __init__(self, T, d, extra, steps, job, timeout_s=60, watchdog_s=60, last_call_s=3,
-                 rdzv=None):
+                 rdzv=None, max_restarts=2):
         self.d, self.job = d, job
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
@@ -321,8 +329,8 @@ class RdzvJob:
                         LOOM_TIMEOUT_S=str(timeout_s), LOOM_WATCHDOG_S=str(watchdog_s))
         self.argv = [LOOM, "run", "--nnodes", "2:3", "--nproc-per-node", str(PER_MACHINE),
                      "--rdzv", rdzv or "etcd://%s:2379" % addr(0), "--rdzv-id", job,
-                     "--rdzv-last-call", str(last_call_s), "--max-restarts", "2", "--",
-                     LOOM] + T.args(d, *extra, steps=steps)
+                     "--rdzv-last-call", str(last_call_s), "--max-restarts",
+                     str(max_restarts), "--", LOOM] + T.args(d, *extra, steps=steps)
         self.procs, self.logs, self.gone = {}, {}, set()
 
     def launch(self, m, tag):
@@ -447,14 +455,16 @@ def elastic():
 
 
 def faults():
-    """Faults during a `loom run --rdzv` job: etcd restarted, a rank stopped (a hang), a
-    machine's traffic dropped by iptables. Each is reported, the job goes on, and the losses
-    are one process's (no checkpoint was damaged)."""
+    """Faults during a `loom run --rdzv` job: etcd restarted, a rank stopped (a hang). Each
+    is reported, the job goes on, and the losses are one process's (no checkpoint was
+    damaged). (A machine's traffic dropped, its link cut, the machine crashed: the
+    cross-machine campaign, tests/chaos/machines.py.)"""
     T = Trainer(LOOM, prepare_data(LOOM, WORK))
     # 100 steps: each fault takes ~20 steps (~170 ms each; etcd is down for 3 s) and the
-    # cut must come while the job still trains. At ELASTIC_ARGS' lr (3e-3) this model's loss
-    # spikes after ~30 steps and turns reduction-order differences of 1e-7 into 1e-3; at
-    # 1e-3 the 100 steps stay within 1e-6 of one process.
+    # three machines must still be training when the stopped rank's machine is admitted.
+    # At ELASTIC_ARGS' lr (3e-3) this model's loss spikes after ~30 steps and turns
+    # reduction-order differences of 1e-7 into 1e-3; at 1e-3 the 100 steps stay within 1e-6
+    # of one process.
     steps, deadline = 100, 15
     extra = ELASTIC_ARGS + ["--set", "optim.lr=1e-3"]
     base = one_process(T, "faults_one", steps, extra)
@@ -482,9 +492,10 @@ def faults():
         print("ok  etcd restarted during training: the job went on in round 0")
 
         # Rank 3 (machine 1) stops (SIGSTOP): a hang, not a crash. The hang report names it
-        # (it alone does not answer), the deadline fails the step; the machines meet again and resume, all 3 in (machine 1,
-        # whose launcher needs the 5 s kill grace for the stopped rank, may miss the first
-        # round after and be admitted at the next checkpoint).
+        # (it alone does not answer), the deadline fails the step; the machines meet again
+        # and resume, all 3 in (machine 1, whose launcher needs the 5 s kill grace for the
+        # stopped rank, may miss the first round after and be admitted at the next
+        # checkpoint).
         victim = rank_pid(job.procs[1].pid, 3)
         if victim is None:
             fail("rank 3 not found under machine 1's loom run")
@@ -502,65 +513,52 @@ def faults():
         print("ok  rank 3 stopped (SIGSTOP): named, round 1 met after %.1f s (LOOM_TIMEOUT_S "
               "%d); the 3 machines train again in round %d" % (took, deadline, r))
 
-        # Machine 2's traffic is dropped by iptables (its processes live on, unreachable).
-        at = job.step()
-        job.wait(lambda: job.step() >= at + 3, 300, "3 machines to train 3 steps")
-        cut_at = job.step()
-        if cut_at > steps - 10:
-            fail("the cut would come at step %d of %d: too late to see the job go on after it "
-                 "(raise steps)" % (cut_at, steps))
-        job.gone.add(2)
-        cluster("exec", "2", "sh", "-c",
-                "iptables -A INPUT -j DROP && iptables -A OUTPUT -j DROP")
-        cut = time.time()
-        job.wait(lambda: "machine loomc-2 was lost" in job.log(0), 60,
-                 "machines 0 and 1 to notice machine 2's dropped traffic")
-        noticed = time.time() - cut
-        r = job.later_round_met(2)
-        if noticed > 15:
-            fail("machine 2's dropped traffic was noticed after %.1f s (15 s allowed)" % noticed)
-        print("ok  machine 2's traffic dropped (iptables) at step %d: noticed in %.1f s, round "
-              "%d met with machines 0 and 1" % (cut_at, noticed, r))
-        job.procs.pop(2).kill()
         job.finish()
     finally:
         job.kill()
         etcd.kill()
-    compare("faults: etcd restart, a stopped rank, a cut machine", losses(job.d), base)
+    compare("faults: etcd restart, a stopped rank", losses(job.d), base)
 
 
 class EtcdMembers:
-    """A 3-member etcd cluster, one member on each machine (client port 2379, peer 2380),
-    its members killed (SIGKILL) and started again on their data as an operator would."""
+    """A 3-member etcd cluster, its members killed (SIGKILL) and started again on their data
+    as an operator would. Member i runs on machine places[i] (default: member i on machine
+    i), with client port 2379 and peer port 2380, or + 100 * i where members share a
+    machine."""
 
-    def __init__(self):
-        self.data = os.path.join(WORK, "etcd-cluster")
+    def __init__(self, places=None, tag="etcd-cluster"):
+        places = places or list(range(MACHINES))
+        shared = len(set(places)) < len(places)
+        self.places = places
+        self.ports = [(2379 + 100 * i, 2380 + 100 * i) if shared else (2379, 2380)
+                      for i in range(len(places))]
+        self.data, self.tag = os.path.join(WORK, tag), tag
         shutil.rmtree(self.data, ignore_errors=True)
-        self.urls = ["http://%s:2379" % addr(m) for m in range(MACHINES)]
-        self.initial = ",".join("e%d=http://%s:2380" % (m, addr(m)) for m in range(MACHINES))
+        self.urls = ["http://%s:%d" % (addr(m), self.ports[i][0]) for i, m in enumerate(places)]
+        self.peers = ["http://%s:%d" % (addr(m), self.ports[i][1]) for i, m in enumerate(places)]
+        self.initial = ",".join("e%d=%s" % (i, u) for i, u in enumerate(self.peers))
         self.procs = {}
-        for m in range(MACHINES):
-            self.start(m)
-        for m in range(MACHINES):
-            self.wait_ready(m)
+        for i in range(len(places)):
+            self.start(i)
+        for i in range(len(places)):
+            self.wait_ready(i)
 
     def rdzv(self):
         return "etcd://" + ",".join(u[len("http://"):] for u in self.urls)
 
-    def start(self, m):
-        peer = "http://%s:2380" % addr(m)
-        log = open(os.path.join(WORK, "etcd-e%d.log" % m), "a")
-        self.procs[m] = subprocess.Popen(
-            ["bash", CLUSTER, "exec", str(m), "etcd", "--name", "e%d" % m,
-             "--data-dir", os.path.join(self.data, "e%d" % m),
-             "--listen-client-urls", self.urls[m], "--advertise-client-urls", self.urls[m],
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", self.initial, "--initial-cluster-state", "new"],
+    def start(self, i):
+        log = open(os.path.join(WORK, "%s-e%d.log" % (self.tag, i)), "a")
+        self.procs[i] = subprocess.Popen(
+            ["bash", CLUSTER, "exec", str(self.places[i]), "etcd", "--name", "e%d" % i,
+             "--data-dir", os.path.join(self.data, "e%d" % i),
+             "--listen-client-urls", self.urls[i], "--advertise-client-urls", self.urls[i],
+             "--listen-peer-urls", self.peers[i], "--initial-advertise-peer-urls",
+             self.peers[i], "--initial-cluster", self.initial, "--initial-cluster-state", "new"],
             stdout=log, stderr=subprocess.STDOUT)
 
-    def ctl(self, m, *args):
-        return subprocess.run(["bash", CLUSTER, "exec", str(m), "etcdctl", "--endpoints",
-                               self.urls[m], "--command-timeout=2s", *args],
+    def ctl(self, i, *args):
+        return subprocess.run(["bash", CLUSTER, "exec", str(self.places[i]), "etcdctl",
+                               "--endpoints", self.urls[i], "--command-timeout=2s", *args],
                               capture_output=True, text=True)
 
     def wait_ready(self, m):
@@ -683,8 +681,9 @@ def slurm():
     extra = ["--set", "train.global_batch=24", "--set", "train.zero=3"]  # 4 or 3 ranks
     base = one_process(T, "slurm_one", 20, extra)
     started = time.time()
-    subprocess.run(["bash", SLURM, "up", "2"], check=True)
-    print("ok  Slurm up in %.1f s: slurmctld and 2 slurmd, munge" % (time.time() - started))
+    subprocess.run(["bash", SLURM, "up", str(MACHINES)], check=True)
+    print("ok  Slurm up in %.1f s: slurmctld and %d slurmd, munge" %
+          (time.time() - started, MACHINES))
     try:
         for name, shape in (("srun -N 2 --ntasks-per-node=2", ["-N", "2", "--ntasks-per-node=2"]),
                             ("srun -N 2 -n 3", ["-N", "2", "-n", "3"])):
@@ -789,11 +788,35 @@ def slurm_job_state(job):
     return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
 
 
+def machine_ranks(m, run_dir):
+    """The pids of the processes on machine m (its network namespace) training into
+    run_dir."""
+    pids = subprocess.run(["ip", "netns", "pids", "loomc-%d" % m], capture_output=True,
+                          text=True).stdout.split()
+    out = []
+    for pid in pids:
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"train" in args and b"run.dir=" + run_dir.encode() in args:
+            out.append(int(pid))
+    return out
+
+
 def sbatch_requeue(T, extra):
-    """deploy/slurm/train.sbatch through a warning signal: the ranks save and exit 130, the
-    script requeues the job, which resumes from the checkpoint and finishes with one
-    process's losses; with LOOM_REQUEUE=0 the job ends with exit code 130."""
-    steps = 40
+    """deploy/slurm/train.sbatch through three stops of one job, each followed by a requeue
+    and a resume from the newest checkpoint: the warning signal (the ranks save and exit
+    130, the script requeues the job), a rank killed on another node (its peers exit 3
+    naming it, the script requeues), and a whole node killed (Slurm declares the node
+    failure and requeues the job itself; it runs again on the healthy nodes). The job ends
+    COMPLETED with one process's losses. With LOOM_REQUEUE=0 a signal stop ends the job
+    with exit code 130."""
+    # 60 steps at lr 1e-3 (at 3e-3 this model's loss spikes after ~30 steps and magnifies
+    # reduction-order differences: 4.5e-6 measured, see faults()).
+    steps = 60
+    extra = extra + ["--set", "optim.lr=1e-3"]
     base = one_process(T, "sbatch_one", steps, extra + ["--set", "ckpt.every=5"])
     token = os.path.join(WORK, "token")
     with open(token, "w") as f:
@@ -806,6 +829,8 @@ def sbatch_requeue(T, extra):
 
     def submit(d, requeue):
         shutil.rmtree(d, ignore_errors=True)
+        if os.path.exists(d + ".out"):  # the job appends to it (--open-mode=append)
+            os.remove(d + ".out")
         env = ["LOOM=" + LOOM, "LOOM_CONFIG=" + os.path.abspath(config), "LOOM_DATA=" + T.data,
                "LOOM_RUN_DIR=" + d, "LOOM_TOKEN_FILE=" + token, "LOOM_TIMEOUT_S=60",
                "LOOM_REQUEUE=" + requeue]
@@ -822,28 +847,77 @@ def sbatch_requeue(T, extra):
                  "Slurm job %s to end" % job)
         return slurm_job_state(job)
 
+    def output(d):
+        with open(d + ".out") as f:
+            return f.read()
+
+    def released(job, what):
+        """Slurm holds a requeued job for 120 s (Reason=BeginTime); an operator's
+        StartTime=now lets it start at once instead (the same job, one restart more)."""
+        wait_for(lambda: slurm_job_state(job).get("Reason") == "BeginTime", 120,
+                 "the job to be requeued (PENDING, Reason=BeginTime) after " + what)
+        slurm_ctl("scontrol", "update", "JobId=" + job, "StartTime=now")
+
+    def running_again(job, d, restart, steps_more):
+        wait_for(lambda: "(restart %d)" % restart in output(d), 120,
+                 "restart %d of the job to start" % restart)
+        at = trained_steps(d)
+        wait_for(lambda: trained_steps(d) >= at + steps_more, 120,
+                 "restart %d to train %d steps" % (restart, steps_more))
+
+    def other_node(job):
+        st = slurm_job_state(job)
+        nodes = slurm_ctl("scontrol", "show", "hostnames", st["NodeList"]).stdout.split()
+        return [n for n in nodes if n != st["BatchHost"]][0]
+
     d = os.path.join(WORK, "slurm_sbatch")
     job = submit(d, "1")
     wait_for(lambda: trained_steps(d) >= 8, 120, "the batch job to train 8 steps")
-    signalled = time.time()
+    t0 = time.time()
     slurm_ctl("scancel", "--signal=TERM", job)  # what --signal=TERM@120 sends
-    # Slurm holds a requeued job for 120 s (Reason=BeginTime); an operator's StartTime=now
-    # lets it start at once instead (the same job, restart 1).
-    wait_for(lambda: slurm_job_state(job).get("Reason") == "BeginTime", 60,
-             "the job to be requeued (PENDING, Reason=BeginTime)")
+    released(job, "the signal")
+    saved = re.search(r"stopped by a signal after step (\d+); checkpoint saved", output(d))
+    if not saved or "stopped at a checkpoint on a signal; requeueing job " + job not in output(d):
+        fail("the job's output should show the save and the requeue:\n" + output(d)[-3000:])
+    running_again(job, d, 1, 3)
+    print("ok  sbatch train.sbatch: SIGTERM at step >= 8 saved step %s, requeued and resumed "
+          "(%.1f s from the signal to restart 1's third step)" % (saved.group(1),
+                                                                  time.time() - t0))
+    # A rank on the other node killed (the OOM killer, say): its peers exit 3 naming it.
+    node = other_node(job)
+    t0 = time.time()
+    ranks = machine_ranks(int(node[len("node"):]), d)
+    if not ranks:
+        fail("no rank of the job found on " + node)
+    os.kill(ranks[0], signal.SIGKILL)
+    released(job, "a rank was killed on " + node)
+    if "a peer, a node or the network failed" not in output(d):
+        fail("train.sbatch should requeue after a lost peer:\n" + output(d)[-3000:])
+    running_again(job, d, 2, 3)
+    print("ok  a rank killed on %s: the script requeued the job, resumed (%.1f s to restart "
+          "2's third step)" % (node, time.time() - t0))
+    # The whole node killed (its slurmd too): Slurm's node failure, its own requeue.
+    victim = other_node(job)
+    cluster("kill", victim[len("node"):])
+    t0 = time.time()
+    wait_for(lambda: slurm_job_state(job).get("Reason") == "BeginTime", 120,
+             "the job to be requeued after %s was killed" % victim)
+    requeued = time.time() - t0
+    wait_for(lambda: "down" in slurm_ctl("sinfo", "-h", "-n", victim, "-o", "%T").stdout, 60,
+             "slurmctld to mark %s down" % victim)
     slurm_ctl("scontrol", "update", "JobId=" + job, "StartTime=now")
     st = ended(job, 240)
-    with open(d + ".out") as f:
-        out = f.read()
-    if (st.get("JobState"), st.get("ExitCode"), st.get("Restarts")) != ("COMPLETED", "0:0", "1"):
-        fail("the requeued job should end COMPLETED, ExitCode 0:0 after 1 restart: %s\n%s" %
-             ({k: st.get(k) for k in ("JobState", "ExitCode", "Restarts")}, out[-3000:]))
-    saved = re.search(r"stopped by a signal after step (\d+); checkpoint saved", out)
-    if not saved or "requeueing job " + job not in out or "(restart 1)" not in out:
-        fail("the job's output should show the save, the requeue and the resume:\n" + out[-3000:])
-    print("ok  sbatch train.sbatch: SIGTERM at step >= 8 saved step %s, requeued, resumed and "
-          "completed (%.1f s after the signal)" % (saved.group(1), time.time() - signalled))
-    compare("sbatch with a signal and a requeue", losses(d), base)
+    again = slurm_ctl("scontrol", "show", "hostnames", st.get("NodeList", "")).stdout.split()
+    if (st.get("JobState"), st.get("ExitCode"), st.get("Restarts")) != ("COMPLETED", "0:0", "3") \
+            or victim in again or "DUE TO NODE FAILURE" not in output(d) \
+            or "(restart 3)" not in output(d):
+        fail("after %s was killed the job should be requeued for the node failure, resume "
+             "without it and end COMPLETED 0:0 after 3 restarts: %s on %s\n%s" %
+             (victim, {k: st.get(k) for k in ("JobState", "ExitCode", "Restarts")}, again,
+              output(d)[-3000:]))
+    print("ok  %s killed: Slurm requeued the job for the node failure %.1f s later; it resumed "
+          "on %s and completed" % (victim, requeued, ", ".join(again)))
+    compare("sbatch through a signal, a killed rank and a killed node", losses(d), base)
 
     d = os.path.join(WORK, "slurm_sbatch_norequeue")
     job = submit(d, "0")
@@ -857,6 +931,8 @@ def sbatch_requeue(T, extra):
 
 
 if __name__ == "__main__":
+    configure(sys.argv[1], sys.argv[2])
+    MODE = sys.argv[3]
     os.makedirs(WORK, exist_ok=True)
     cluster("up", str(MACHINES))
     try:

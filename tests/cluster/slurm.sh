@@ -87,6 +87,7 @@ SlurmdPidFile=$DIR/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd-%n.log
 KillWait=10
+SlurmdTimeout=10
 $nodes
 PartitionName=loom Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF

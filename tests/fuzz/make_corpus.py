@@ -7,21 +7,12 @@ script's output. Run it again after a format changes."""
 import json
 import os
 import struct
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-P = 1099511628211
-M = (1 << 64) - 1
-
-
-def checksum64(b):  # src/loom/core/checksum.cc: FNV-1a over 8-byte little-endian words
-    h = 1469598103934665603
-    n = len(b) // 8 * 8
-    for i in range(0, n, 8):
-        h = ((h ^ struct.unpack_from("<Q", b, i)[0]) * P) & M
-    for c in b[n:]:
-        h = ((h ^ c) * P) & M
-    return h
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+from common import checksum64  # noqa: E402
 
 
 def put(target, name, data):

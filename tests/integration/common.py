@@ -7,6 +7,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -110,6 +111,24 @@ def compare(name, got, want, tol=TOL, steps=None):
         fail("%s: losses differ by %.2e relative (tolerance %.0e)\n%s" % (name, worst, tol,
                                                                         "\n".join(rows)))
     print("ok  %-48s max rel diff %.1e over %d steps" % (name, worst, len(steps)))
+
+
+def worst_relative(got, want, steps=None):
+    """The largest relative difference of got's losses from want's over steps (default: all
+    of want's); a step got lacks counts as huge."""
+    return max(abs(got.get(s, 1e9) - want[s]) / abs(want[s]) for s in (steps or want))
+
+
+def checksum64(b):
+    """src/loom/core/checksum.cc: FNV-1a over 8-byte little-endian words, then the remaining
+    bytes one at a time (loom's offset basis, docs/formats.md)."""
+    h, prime, mask = 1469598103934665603, 1099511628211, (1 << 64) - 1
+    n = len(b) // 8 * 8
+    for (w,) in struct.iter_unpack("<Q", b[:n]):
+        h = ((h ^ w) * prime) & mask
+    for c in b[n:]:
+        h = ((h ^ c) * prime) & mask
+    return h
 
 
 def tree_digest(path):
