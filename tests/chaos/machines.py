@@ -449,8 +449,9 @@ class Campaign:
         f.outcome = "unaffected"
 
     def fault_slow(self, f):
-        # A step at 10 Mbit/s moves ~2.8 MB over the slowed link (ZeRO-1's reduce-scatter
-        # and allgather of tiny's 2.1 MB of gradients): >= 2.3 s.
+        # A step moves 17.8 MB each way over the slowed link (ZeRO-1's reduce-scatter and
+        # allgather of tiny's 13.2 MB, 2/3 of each crossing): ~12 s at 10 Mbit/s, within
+        # the job's 20 s deadline per operation.
         v = f.machine
         self.no_restart_fault(f, lambda: ce.cluster("shape", str(v), "10mbit"),
                               lambda: ce.cluster("shape", str(v), "none"), 1, 60)
