@@ -498,16 +498,21 @@ class Campaign:
         shutil.rmtree(data, ignore_errors=True)
 
 
-def main():
+def campaign_args(*positional):
+    """The command line both campaigns take (this one and machines.py): the positional
+    arguments, then --profile, --seed, --faults and --table."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("loom")
-    ap.add_argument("comm_worker")
-    ap.add_argument("workdir")
+    for name in positional:
+        ap.add_argument(name)
     ap.add_argument("--profile", choices=["quick", "long"], default="quick")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--faults", type=int, default=0)
     ap.add_argument("--table", default="")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main():
+    args = campaign_args("loom", "comm_worker", "workdir")
     n = args.faults or (len(KINDS) if args.profile == "quick" else 102)
     rng = random.Random(args.seed)
     c = Campaign(args)

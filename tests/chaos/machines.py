@@ -36,7 +36,6 @@ job, no /dev/shm/loom.* segment on any machine; after the campaign no namespace)
 outcome table (kind x outcome, time to detect and to resume) is printed and, with --table,
 written as Markdown. Exit 1 if any fault failed a check.
 """
-import argparse
 import collections
 import glob
 import json
@@ -54,6 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 import cluster_e2e as ce  # noqa: E402
+from chaos import campaign_args  # noqa: E402
 from common import (TOL, Trainer, checksum64, children, losses, prepare_data,  # noqa: E402
                     worst_relative)
 
@@ -510,14 +510,7 @@ def table(faults, jobs_failed, n_jobs, seed, took):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("loom")
-    ap.add_argument("workdir")
-    ap.add_argument("--profile", choices=["quick", "long"], default="quick")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--faults", type=int, default=0)
-    ap.add_argument("--table", default="")
-    args = ap.parse_args()
+    args = campaign_args("loom", "workdir")
     n = args.faults or (len(KINDS) if args.profile == "quick" else 56)
     rng = random.Random(args.seed)
     t_start = time.time()
