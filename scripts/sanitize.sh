@@ -2,7 +2,7 @@
 # The second half of CI (.ci/run runs it after scripts/test.sh): the AddressSanitizer +
 # UBSan build and its tests, the ThreadSanitizer build's thread-rank tests, the Release build
 # with clang (warnings as errors) and 20 s of libFuzzer per parser of outside input.
-# 27-38 minutes on 2 cores. Needs what scripts/setup.sh installs.
+# 25-38 minutes on 2 cores. Needs what scripts/setup.sh installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
