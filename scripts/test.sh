@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command: installs dependencies, builds (Release, GCC, warnings as
 # errors) and runs every unit, multi-process and end-to-end test and PyTorch's own
-# distributed suite (20-30 minutes on 2 cores from a fresh clone, by the host's speed and ccache). The
-# sanitizer builds and the fuzzer are scripts/sanitize.sh (25-38 minutes more); CI (.ci/run)
-# runs both.
+# distributed suite (20-30 minutes on 2 cores from a fresh clone, by the host's speed and
+# the compiler cache). The sanitizer builds and the fuzzer are scripts/sanitize.sh (25-38
+# minutes more); CI (.ci/run) runs both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
