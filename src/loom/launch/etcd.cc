@@ -277,8 +277,12 @@ int64_t Etcd::grant(int64_t ttl_s) {
 }
 
 int64_t Etcd::keep_alive(int64_t lease) {
-  const json j = call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}});
-  return num(j.value("result", json::object()), "TTL");
+  try {
+    const json j = call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}});
+    return num(j.value("result", json::object()), "TTL");
+  } catch (const EtcdLeaseGone&) {  // (etcd answers an expired lease with TTL 0 here, so far)
+    return 0;
+  }
 }
 
 Etcd::Status Etcd::status() {

@@ -82,7 +82,8 @@ class Etcd {
 
   // A lease of ttl_s seconds: keys put with it vanish when it expires or is revoked.
   int64_t grant(int64_t ttl_s);
-  // Refreshes the lease; returns its remaining TTL (0 or less: it had expired).
+  // Refreshes the lease; returns its remaining TTL (0 or less: it had expired, or etcd no
+  // longer knows it).
   int64_t keep_alive(int64_t lease);
   void revoke(int64_t lease);
 

@@ -134,11 +134,7 @@ void Rendezvous::keepalive_loop() {
     // A lease the main thread has since replaced (join() grants a new one) is not lost.
     const int64_t lease = lease_;
     try {
-      try {
-        if (etcd.keep_alive(lease) <= 0 && lease_ == lease) lease_lost_ = true;
-      } catch (const EtcdLeaseGone&) {
-        if (lease_ == lease) lease_lost_ = true;
-      }
+      if (etcd.keep_alive(lease) <= 0 && lease_ == lease) lease_lost_ = true;
       etcd_ok_ns_ = now_ns();
       etcd_failing_ = etcd_lost_ = false;
     } catch (const Error& e) {
