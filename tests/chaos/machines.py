@@ -39,6 +39,7 @@ written as Markdown. Exit 1 if any fault failed a check.
 import collections
 import glob
 import json
+import math
 import os
 import random
 import re
@@ -53,13 +54,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 import cluster_e2e as ce  # noqa: E402
-from chaos import campaign_args  # noqa: E402
+from chaos import campaign_args, processes_mentioning  # noqa: E402
 from common import (TOL, Trainer, checksum64, children, losses, prepare_data,  # noqa: E402
-                    worst_relative)
+                    until, worst_relative)
 
 KINDS = ["crash", "link_down", "drop_both", "drop_one", "etcd_cut", "second", "slow",
          "etcd_member"]
-NO_RESTART = ("slow", "etcd_member")
 ETCD_MACHINE = 3
 DETECT_S = {"crash": 5, "second": 5}  # the rest: cut off, seen by the lease (10 s) or the
 DETECT_DEFAULT_S = 20                 # heartbeat (10 s), plus a keep-alive attempt
@@ -73,15 +73,6 @@ EXTRA = ce.ELASTIC_ARGS + ["--set", "optim.lr=1e-3"]  # see cluster_e2e.faults()
 STOPPED = re.compile(r"stopping this machine's ranks|this machine's ranks were stopped|"
                      r"exited with code|was killed by signal")
 ROUND = re.compile(r"round (\d+): machine \d+ of (\d+) \(([^)]*)\)")
-
-
-def until(pred, timeout, every=0.1):
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return True
-        time.sleep(every)
-    return pred()
 
 
 def rounds(text):
@@ -113,9 +104,7 @@ def verify_checkpoints(run_dir):
             continue
         files = {}
         for name, t in man["tensors"].items():
-            size = 1
-            for d in t["shape"]:
-                size *= d
+            size = math.prod(t["shape"])
             covered = 0
             for p in t["pieces"]:
                 if p["file"] not in files:
@@ -251,8 +240,8 @@ class Campaign:
 
     def left_behind(self, d):
         out = []
-        if not until(lambda: not job_processes(d), 10):
-            out.append("processes of the job were left: %s" % job_processes(d))
+        if not until(lambda: not processes_mentioning(d), 10):
+            out.append("processes of the job were left: %s" % processes_mentioning(d))
         for m in range(ce.MACHINES):
             ls = subprocess.run(["bash", ce.CLUSTER, "exec", str(m), "sh", "-c",
                                  "ls /dev/shm | grep '^loom' || true"],
@@ -363,12 +352,17 @@ class Campaign:
         f.outcome = "recovered"
 
     # ---- the faults ----
-    def fault_crash(self, f):
+    def crash(self, f, second=None):
+        """A machine crashed, then started again (its `loom run`, as an operator would)."""
         job, v = f.job, f.machine
+
         def restore():
             job.procs[v].wait()
             job.launch(v, "again%d" % len(job.logs))
-        self.machine_fault(f, lambda: ce.cluster("kill", str(v)), restore, False)
+        self.machine_fault(f, lambda: ce.cluster("kill", str(v)), restore, False, second)
+
+    def fault_crash(self, f):
+        self.crash(f)
 
     def cut_fault(self, f, cut):
         v = f.machine
@@ -425,10 +419,7 @@ class Campaign:
                     "machine %d did not name its killed ranks" % v2)
             return survivors, t1
 
-        def restore():
-            job.procs[v].wait()
-            job.launch(v, "again%d" % len(job.logs))
-        self.machine_fault(f, lambda: ce.cluster("kill", str(v)), restore, False, second)
+        self.crash(f, second)
 
     def no_restart_fault(self, f, inject, restore, steps, within_s):
         """A fault the job must ride out: `steps` steps trained while it lasts (within
@@ -471,21 +462,6 @@ class Campaign:
             e.start(member)
             e.wait_ready(member)
         self.no_restart_fault(f, lambda: e.kill(member), restore, 5, 30)
-
-
-def job_processes(d):
-    """Processes whose command line names the job folder d."""
-    out = []
-    for p in os.listdir("/proc"):
-        if p.isdigit() and int(p) != os.getpid():
-            try:
-                with open("/proc/%s/cmdline" % p, "rb") as f:
-                    cmd = f.read()
-                if d.encode() + b"\0" in cmd or (d + "/").encode() in cmd:
-                    out.append(int(p))
-            except OSError:
-                pass
-    return out
 
 
 def table(faults, jobs_failed, n_jobs, seed, took):

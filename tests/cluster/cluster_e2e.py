@@ -61,17 +61,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from common import (Trainer, compare, fail, losses, metrics, prepare_data,  # noqa: E402
                     rank_pid, wait_for)
 
-LOOM = WORK = MODE = None  # set by main, or by configure() where another script imports this
-
-
-def configure(loom, work):
-    """For scripts that import these helpers (tests/chaos/machines.py): the loom binary and
-    the work folder every helper uses."""
-    global LOOM, WORK
-    LOOM, WORK = loom, work
+LOOM = WORK = None  # set by configure(): from the command line, or by a script importing this
 CLUSTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.sh")
 SLURM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm.sh")
 MACHINES, PER_MACHINE, PORT = 3, 2, 29611
+
+
+def configure(loom, work):
+    """The loom binary and the work folder every helper uses (tests/chaos/machines.py
+    imports these helpers)."""
+    global LOOM, WORK
+    LOOM, WORK = loom, work
 
 
 def cluster(*args, **kw):
@@ -932,11 +932,11 @@ def sbatch_requeue(T, extra):
 
 if __name__ == "__main__":
     configure(sys.argv[1], sys.argv[2])
-    MODE = sys.argv[3]
     os.makedirs(WORK, exist_ok=True)
     cluster("up", str(MACHINES))
     try:
         {"collectives": collectives, "train": train, "elastic": elastic, "faults": faults,
-         "etcd_cluster": etcd_cluster, "slurm": slurm, "mpirun": mpirun, "scale": scale}[MODE]()
+         "etcd_cluster": etcd_cluster, "slurm": slurm, "mpirun": mpirun,
+         "scale": scale}[sys.argv[3]]()
     finally:
         cluster("down")

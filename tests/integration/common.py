@@ -174,13 +174,19 @@ def rank_pid(launcher_pid, rank):
     return None
 
 
-def wait_for(pred, timeout, what):
+def until(pred, timeout, every=0.05):
+    """Polls pred every `every` s for up to timeout s: whether it came true."""
     end = time.time() + timeout
     while time.time() < end:
         if pred():
-            return
-        time.sleep(0.05)
-    fail("timed out waiting for " + what)
+            return True
+        time.sleep(every)
+    return pred()
+
+
+def wait_for(pred, timeout, what):
+    if not until(pred, timeout):
+        fail("timed out waiting for " + what)
 
 
 def kill_rank(proc, rank, within_s=15):
