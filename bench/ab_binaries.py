@@ -7,7 +7,8 @@ the starting commit's binary against the new one). Interleaved rounds A B A B ..
 Rows: `loom bench --np 2 --op allreduce` time at 8 B, 64 KiB and 16 MiB (in place, median
 of each run's iterations), and the median training step (steps 2.., metrics.jsonl) of
 `small` (fp32, global batch 8 x 256, micro-batch 4) on one process with 2 threads and on 2
-ranks x 1 thread as ZeRO-0, ZeRO-3, tp 2 and pp 2 (1F1B). The ratio is new / old (below 1:
+ranks x 1 thread as ZeRO-0, ZeRO-3, tp 2 and pp 2 (1F1B), and on 4 ranks x 1 thread as pp 2 x
+dp 2 with ZeRO-1 and ZeRO-3 (micro-batch 1: 4 microbatches). The ratio is new / old (below 1:
 the new binary is faster)."""
 import argparse
 import json
@@ -32,7 +33,12 @@ LAYOUTS = [("1 process x 2 threads", 1, []),
            ("ZeRO-0, 2 ranks", 2, ["--set", "train.zero=0"]),
            ("ZeRO-3, 2 ranks", 2, ["--set", "train.zero=3"]),
            ("tp 2", 2, ["--set", "train.tp=2"]),
-           ("pp 2 (1F1B)", 2, ["--set", "train.pp=2"])]
+           ("pp 2 (1F1B)", 2, ["--set", "train.pp=2"]),
+           # 4 ranks on 2 cores, micro-batch 1: 4 microbatches per step
+           ("pp 2 x dp 2 ZeRO-1 (1F1B)", 4,
+            ["--set", "train.pp=2", "--set", "train.zero=1", "--set", "train.micro_batch=1"]),
+           ("pp 2 x dp 2 ZeRO-3 (1F1B)", 4,
+            ["--set", "train.pp=2", "--set", "train.zero=3", "--set", "train.micro_batch=1"])]
 if a.rows:
     SIZES = []
     LAYOUTS = [l for l in LAYOUTS if any(w in l[0] for w in a.rows.split(","))]

@@ -2,6 +2,7 @@
 // training step against one process, with ranks as threads over the real transports.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -15,6 +16,8 @@
 #include "loom/model/vocab_parallel_loss.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
+#include "loom/parallel/pipeline.h"
+#include "loom/parallel/process_groups.h"
 #include "loom/parallel/step_composer.h"
 #include "loom/parallel/tensor_parallel.h"
 #include "support/thread_ranks.h"
@@ -479,6 +482,131 @@ INSTANTIATE_TEST_SUITE_P(Stages, DataParallelSteps,
                            return "n" + std::to_string(info.param.n) + "_zero" +
                                   std::to_string(info.param.zero) +
                                   (info.param.shared_gather ? "" : "_gather_per_rank");
+                         });
+
+// ZeRO-3 under a pipeline (pp 2 x dp 2 thread ranks, 4 microbatches): the losses of one
+// process within 1e-5; from the second step on, each unit is gathered ahead of its use in
+// the order the schedule runs the actions (only a step's first use waits for a gather that
+// started at the use: the step's order is recorded on the first step); and each rank's
+// model state stays within the pipeline's ZeRO-3 formula - this stage's shards (16 bytes
+// per parameter over S) and its full gradients (held until the step's last microbatch
+// finishes them, 4 bytes per parameter) - plus the gathered parameters of two blocks (the
+// one in use and the next) and of each other unit the stage holds (every unit size keeps
+// its own pool of gathered buffers, as in LossesOfOneProcessAndZerosMemory).
+struct PipeCase {
+  const char* schedule;
+  int virtual_stages;
+};
+
+class PipelinedZero3 : public ::testing::TestWithParam<PipeCase> {};
+
+TEST_P(PipelinedZero3, PrefetchesInScheduleOrderWithOneProcessLosses) {
+  const PipeCase k = GetParam();
+  const model::GptConfig cfg = small_gpt(8, 64);
+  const int P = 2, D = 2, M = 4, B = 1, T = 16, steps = 3;
+  const int V = k.virtual_stages, units = cfg.n_layer + 2;
+  std::vector<int> tokens, targets;
+  random_tokens(9, static_cast<size_t>(steps) * D * M * B * T, tokens, targets);
+  optim::AdamWParams adam;
+  const size_t step_rows = static_cast<size_t>(D) * M * B;  // sequences per step
+
+  std::vector<float> want;  // one process: the same M x D micro-batches accumulated
+  {
+    model::Gpt m(cfg, /*own_storage=*/false);
+    parallel::DpOptions o;
+    o.sharding = parallel::make_sharding_policy(0);
+    const parallel::ProcessGroups none{};
+    parallel::DataParallel engine(m, none, o);
+    parallel::StepComposer step(engine, none);
+    engine.init_weights(7);
+    for (int s = 0; s < steps; ++s) {
+      engine.zero_grad();
+      double loss = 0;
+      for (size_t a = 0; a < step_rows; ++a) {
+        const size_t at = (s * step_rows + a) * T;
+        loss += engine.forward(tokens.data() + at, targets.data() + at, B, T);
+        engine.backward(1.0f / static_cast<float>(step_rows), a + 1 == step_rows);
+      }
+      step.finish_gradients();
+      engine.optimizer_step(1.0f, 1e-3, adam, s + 1);
+      want.push_back(static_cast<float>(loss / static_cast<double>(step_rows)));
+    }
+  }
+
+  const int world = P * D;
+  std::vector<StateMemory> accounts(world);
+  std::vector<std::vector<float>> got(world);
+  std::vector<int64_t> on_use_first(world), on_use_later(world);
+  std::vector<double> stage_params(world), in_flight(world);
+  std::vector<int> stage_of(world);
+  run_ranks(world, Layout::kShm, std::string("ppzero3") + k.schedule, [&](comm::Communicator& c) {
+    StateMemory::Scope scope(accounts[c.rank()]);
+    const parallel::Mesh mesh = parallel::Mesh::build(world, 1, P);
+    const parallel::MeshCoord me = mesh.coord(c.rank());
+    const parallel::ProcessGroups groups =
+        parallel::make_process_groups(c.shared_from_this(), mesh);
+    model::Gpt m(cfg, /*own_storage=*/false);
+    std::vector<int> counts(P * V, units / (P * V));
+    for (int i = 0; i < units % (P * V); ++i) ++counts[i];
+    parallel::PipelineStage stage(m, groups.pp, parallel::split_units(counts, units, P * V),
+                                  parallel::schedule_kind(k.schedule), M);
+    parallel::DpOptions o;
+    o.sharding = parallel::make_sharding_policy(3);
+    o.shared_gather = false;  // a copy per rank: the bound below counts whole units
+    o.units = stage.units();
+    o.unit0_is_head_copy = stage.last() && !stage.first();
+    o.pipeline = true;
+    parallel::DataParallel engine(m, groups, o);
+    parallel::StepComposer step(engine, groups);
+    engine.init_weights(7);
+    const auto block = static_cast<double>(m.unit_range(1).second - m.unit_range(1).first);
+    in_flight[c.rank()] = 2 * 4 * block;
+    for (int u : o.units) {
+      const auto n = static_cast<double>(m.unit_range(u).second - m.unit_range(u).first);
+      stage_params[c.rank()] += n;
+      if (n != block) in_flight[c.rank()] += 4 * n;
+    }
+    stage_of[c.rank()] = me.pp;
+    for (int s = 0; s < steps; ++s) {
+      const size_t at = (s * step_rows + static_cast<size_t>(me.dp) * M * B) * T;
+      engine.zero_grad();
+      double loss = stage.train_step(tokens.data() + at, targets.data() + at, B, T,
+                                     1.0f / static_cast<float>(M), &engine);
+      step.finish_gradients();
+      engine.optimizer_step(1.0f, 1e-3, adam, s + 1);
+      if (s == 0) on_use_first[c.rank()] = engine.gathers_on_use();
+      // The step's mean loss: the last stage's sum over its microbatches, averaged over dp.
+      c.allreduce(&loss, &loss, 1, DType::kF64, comm::ReduceOp::kSum);
+      got[c.rank()].push_back(static_cast<float>(loss / static_cast<double>(step_rows)));
+    }
+    on_use_later[c.rank()] = engine.gathers_on_use() - on_use_first[c.rank()];
+  });
+  for (int r = 0; r < world; ++r) {
+    for (int s = 0; s < steps; ++s)
+      EXPECT_NEAR(got[r][s], want[s], 1e-5 * want[s]) << "rank " << r << " step " << s;
+    EXPECT_GT(on_use_first[r], steps) << "rank " << r << ": the first step gathers on use";
+    EXPECT_EQ(on_use_later[r], steps - 1)
+        << "rank " << r << " (stage " << stage_of[r] << "): " << on_use_later[r]
+        << " uses after the first step waited for a gather started at the use";
+    const double psi = stage_params[r], S = D, pad = 16.0 * units * S;
+    const double expected = 16 * psi / S + 4 * psi;
+    const double allowance = pad + in_flight[r];
+    const double peak = static_cast<double>(accounts[r].peak_bytes());
+    EXPECT_GE(peak, 0.999 * expected) << "rank " << r;
+    EXPECT_LE(peak, expected + allowance)
+        << "rank " << r << ": " << peak / 1e6 << " MB of model state, formula " << expected / 1e6
+        << " MB + at most " << allowance / 1e6 << " MB in flight";
+    EXPECT_EQ(accounts[r].current_bytes(), 0u) << "rank " << r << ": state left allocated";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, PipelinedZero3,
+                         ::testing::Values(PipeCase{"1f1b", 1}, PipeCase{"zb-h1", 1},
+                                           PipeCase{"gpipe", 1}, PipeCase{"interleaved", 2}),
+                         [](const auto& info) {
+                           std::string name = info.param.schedule;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
                          });
 
 // The replica check (StepComposer::check_replicas) over data-parallel ranks whose weights

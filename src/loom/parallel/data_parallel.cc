@@ -448,9 +448,24 @@ void DataParallel::after_action() {
   phase_ = Phase::kIdle;
 }
 
+void DataParallel::step_begins(bool training) {
+  pipeline_step_ = training ? 1 : 0;
+  cursor_ = 0;
+}
+
+void DataParallel::step_ends() {
+  recorded_[pipeline_step_] = true;
+  pipeline_step_ = -1;
+}
+
+int DataParallel::use_order() const {
+  if (opt_.pipeline) return pipeline_step_;
+  return phase_ == Phase::kBackward ? 1 : 0;
+}
+
 int DataParallel::next_use(int u) {
-  const int ph = phase_ == Phase::kBackward ? 1 : 0;
-  if (phase_ == Phase::kIdle) return -1;
+  const int ph = use_order();
+  if (phase_ == Phase::kIdle || ph < 0) return -1;
   auto& order = order_[ph];
   if (!recorded_[ph]) {
     order.push_back(u);
@@ -519,10 +534,11 @@ void DataParallel::before_use(int u) {
     model_.bind_unit(u, full_param(u), g);
     return;
   }
+  const bool ahead = x.gathering || x.gathered.size() > 0 || x.machine_gathered.size() > 0;
+  if (!ahead) ++gathers_on_use_;
   gather(u);
   if (x.gathering) wait(x.gathering), x.gathering = nullptr;
   model_.bind_unit(u, gathered(u), g);
-  if (opt_.pipeline) return;  // released after this use (no recorded order to prefetch in)
   const int next = next_use(u);
   for (int v = 0; v < static_cast<int>(units_.size()); ++v)
     if (v != u && v != next) release_gathered(v);
@@ -531,9 +547,13 @@ void DataParallel::before_use(int u) {
 
 void DataParallel::after_use(int u) {
   if (!policy_->params_sharded() || phase_ == Phase::kIdle) return;
-  if (opt_.pipeline) return release_gathered(u);
-  const int ph = phase_ == Phase::kBackward ? 1 : 0;
+  const int ph = use_order();
+  if (ph < 0) return;
   const auto& order = order_[ph];
+  if (opt_.pipeline) {  // a step's order spans its actions: keep u only for a use next
+    if (!recorded_[ph] || cursor_ >= order.size() || order[cursor_] != u) release_gathered(u);
+    return;
+  }
   if (!recorded_[ph]) return;           // first step: freed at the next use of another unit
   if (cursor_ >= order.size()) return;  // the phase's last use: the next phase starts with it
   if (order[cursor_] != u) release_gathered(u);

@@ -75,7 +75,8 @@ struct DpOptions {
   bool unit0_is_head_copy = false;
   // Driven by a pipeline (PipelineHooks): gradients are reduced once per step, after the
   // last microbatch (ZeRO 2 holds its stage's full gradients until then), and ZeRO-3
-  // gathers a unit for each use without prefetch.
+  // prefetches in the order of the whole step (every action's uses, as the schedule runs
+  // them) instead of per forward and backward.
   bool pipeline = false;
   // zero.offload = disk: Adam's moments in this file instead of memory.
   std::shared_ptr<optim::MomentFile> moments;
@@ -127,6 +128,10 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   std::optional<std::pair<int, std::string>> first_nonfinite_grad();
   void optimizer_step(float grad_scale, double lr, const optim::AdamWParams& p, int64_t t);
 
+  // ZeRO-3: uses whose unit was not gathered or being gathered yet (not prefetched), since
+  // construction.
+  int64_t gathers_on_use() const { return gathers_on_use_; }
+
   // Seconds the calling thread spent waiting on communication since the last reset.
   double comm_wait_s() const { return comm_wait_s_; }
   void reset_comm_wait() { comm_wait_s_ = 0; }
@@ -139,6 +144,8 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   void after_use(int u) override;
   void grads_ready(int u) override;
   // PipelineHooks: the pipeline runs the model's passes itself.
+  void step_begins(bool training) override;
+  void step_ends() override;
   void before_forward() override;
   void before_backward(bool last_microbatch) override;
   void after_action() override;
@@ -187,6 +194,7 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   void gather(int u);  // stage 3: start gathering unit u
   float* gathered(int u);
   void release_gathered(int u);
+  int use_order() const;  // the index of order_[] the current use belongs to
   int next_use(int u);
   template <typename Fn>
   void for_each_slice(int u, size_t lo, size_t hi, Fn fn) const;
@@ -208,10 +216,14 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   std::deque<Pending> pending_;
   Phase phase_ = Phase::kIdle;
   bool last_micro_ = true;
-  // Stage 3 prefetch: the use order of forward and of backward, recorded on the first step.
+  // Stage 3 prefetch: the units in the order of their uses, recorded on the first time:
+  // without a pipeline of a forward [0] and of a backward [1]; under a pipeline of a
+  // forward_only step [0] and of a training step [1] (every action's uses in turn).
   std::vector<int> order_[2];
   bool recorded_[2] = {false, false};
   size_t cursor_ = 0;
+  int pipeline_step_ = -1;  // under a pipeline: the order_[] of the step running, -1 between
+  int64_t gathers_on_use_ = 0;
   double comm_wait_s_ = 0;
 };
 

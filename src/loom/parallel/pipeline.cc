@@ -176,6 +176,7 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
   const size_t n = static_cast<size_t>(model_.rows(B, T)) * model_.config().n_embd;
   double loss = 0;
   const StageActions& list = schedule_[stage_];
+  if (hooks) hooks->step_begins(true);
   for (size_t i = 0; i < list.size(); ++i) {
     const PipelineAction& x = list[i];
     const int v = x.chunk * P_ + stage_, key = x.microbatch * V_ + x.chunk;
@@ -222,6 +223,7 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
       release(x.microbatch, x.chunk, i + 1 < list.size() && list[i + 1].pass == Pass::kF);
   }
   wait_sends();
+  if (hooks) hooks->step_ends();
   return loss;
 }
 
@@ -230,6 +232,7 @@ double PipelineStage::forward_only(const int* tokens, const int* targets, int B,
   LOOM_CHECK(microbatches <= M_);
   double loss = 0;
   const int last_chunk = (P_ * V_ - 1) / P_;  // the chunk of the final virtual stage
+  if (hooks) hooks->step_begins(false);
   for (int m = 0; m < microbatches; ++m) {
     for (int c = 0; c < V_; ++c) loss += forward_action(m, c, tokens, targets, B, T, hooks);
     if (losses && last())
@@ -238,6 +241,7 @@ double PipelineStage::forward_only(const int* tokens, const int* targets, int B,
     for (int c = 0; c < V_; ++c) pool_.push_back(std::move(acts_[m][c]));
   }
   wait_sends();
+  if (hooks) hooks->step_ends();
   return loss;
 }
 

@@ -27,11 +27,15 @@
 
 namespace loom::parallel {
 
-// Told around each action (data parallelism reduces a unit's gradients once per step,
-// after the microbatch that finishes them; ZeRO-3 gathers parameters around their use).
+// Told around each step and each action (data parallelism reduces a unit's gradients once
+// per step, after the microbatch that finishes them; ZeRO-3 gathers parameters around their
+// use, and prefetches them in the order a step of the same kind used them before).
 class PipelineHooks {
  public:
   virtual ~PipelineHooks() = default;
+  // A train_step (training) or a forward_only begins / has ended.
+  virtual void step_begins(bool training) = 0;
+  virtual void step_ends() = 0;
   virtual void before_forward() = 0;
   virtual void before_backward(bool last_microbatch) = 0;
   virtual void after_action() = 0;
