@@ -307,37 +307,52 @@ def plan():
                ("pp 2 1f1b", 2, ["train.pp=2"]),
                ("pp 2 gpipe", 2, ["train.pp=2", "pp.schedule=gpipe"])]
     print("%-16s %22s %26s" % ("layout", "state MiB pred/meas", "step ms pred/meas (error)"))
-    step_errors = []
-    for name, n, sets in layouts:
+    sanitizer = bool(os.environ.get("ASAN_OPTIONS"))  # its slowdown is not the product's timing
+
+    def trained(name, n, sets):
         d = os.path.join(WORK, "plan_" + re.sub(r"\W+", "_", name))
         shutil.rmtree(d, ignore_errors=True)
         extra = [x for kv in sets for x in ("--set", kv)]
-        run(T.launch(n, d, "--plan", *extra, steps=12))
+        run(T.launch(n, d, "--plan", *extra, steps=24))
         with open(os.path.join(d, "plan.json")) as f:
             p = json.load(f)
+        pred, meas = p["predicted"], p["measured"]
+        print("%-16s %9.2f / %-9.2f %9.1f / %-7.1f (%+.0f%%)" %
+              (name, pred["state_mb"], meas["state_mb"], pred["step_ms"], meas["step_ms"],
+               100 * p["error"]["step"]))
+        return p
+
+    step_errors, again = [], []
+    for name, n, sets in layouts:
+        p = trained(name, n, sets)
         pred, meas = p["predicted"], p["measured"]
         err = (pred["state_mb"] - meas["state_mb"]) / meas["state_mb"]
         if abs(err) > 0.10:
             fail("%s: model state per rank %.2f MiB predicted, %.2f measured (%+.1f%%, more than "
                  "10%%)" % (name, pred["state_mb"], meas["state_mb"], 100 * err))
+        # Step time (issue 35 item 4): every layout within 20%. On 2 shared cores the host's
+        # state moves a run's measurement by 10-40% for seconds at a time (docs/perf-history.md,
+        # "The planner"), so a layout that misses is trained once more, printed as such, and
+        # fails if it misses again.
+        if not sanitizer and abs(p["error"]["step"]) > 0.20:
+            print("    %s: %+.0f%%, trained again" % (name, 100 * p["error"]["step"]))
+            p = trained(name, n, sets)
+            again.append(name)
+            if abs(p["error"]["step"]) > 0.20:
+                fail("%s: step time %.1f ms predicted, %.1f measured (%+.0f%%) in two runs in a "
+                     "row (target 20%%)" % (name, p["predicted"]["step_ms"],
+                                            p["measured"]["step_ms"], 100 * p["error"]["step"]))
         step_errors.append(p["error"]["step"])
-        print("%-16s %9.2f / %-9.2f %9.1f / %-7.1f (%+.0f%%)" %
-              (name, pred["state_mb"], meas["state_mb"], pred["step_ms"], meas["step_ms"],
-               100 * p["error"]["step"]))
     print("ok  model state per rank within 10%% of the measured high-water mark on %d layouts" %
           len(layouts))
-    # Step time: each layout's error is printed (docs/perf.md keeps several runs: on 2 shared
-    # cores one layout's measured median moves by 10-20% between runs); the typical error,
-    # the median over the layouts, must be within 20%.
     typical = sorted(abs(e) for e in step_errors)[len(step_errors) // 2]
-    if os.environ.get("ASAN_OPTIONS"):  # a sanitizer's slowdown is not the product's timing
+    largest = max(abs(e) for e in step_errors)
+    if sanitizer:
         print("(step time under a sanitizer build: median error %.0f%%, not checked)" %
               (100 * typical))
-    elif typical > 0.20:
-        fail("the median step-time error over the layouts is %.0f%% (target 20%%)" %
-             (100 * typical))
-    print("ok  step time: median error over the layouts %.0f%%, largest %.0f%%" %
-          (100 * typical, 100 * max(abs(e) for e in step_errors)))
+    else:
+        print("ok  step time: every layout within 20%% (largest %.0f%%, median %.0f%%; trained "
+              "again: %s)" % (100 * largest, 100 * typical, ", ".join(again) or "none"))
     # `loom plan` lists layouts and writes one as a config that trains.
     cfg = os.path.join(WORK, "planned.toml")
     out = run([LOOM, "plan", "--model", "tiny", "--seq", "32", "-b", "8", "--per-node", "2",

@@ -1,9 +1,11 @@
 // The CPU's costs for the planner, measured: loom's own model at the layout's shape (one
 // microbatch's forward + backward of a 1-block and a 3-block model: the difference over 2 is
-// a block, the rest the embedding and head), AdamW's update rate over 4M parameters, and
+// a block, the rest the embedding and head), AdamW's update rate over 4M parameters with
+// every rank of the machine stepping at once, and
 // the tuning table's shared-memory cost model (comm/tuning.h). Runs on the calling thread
 // team (set it to the ranks' threads first). Tensor-parallel shapes run against a
-// communication stub that moves nothing: the collectives are priced separately.
+// communication stub that moves nothing: the collectives are priced separately. Its models'
+// and optimizers' memory counts in an account of its own, not the caller's StateMemory.
 #pragma once
 
 #include <string>
@@ -20,8 +22,9 @@ struct CpuShape {
   int threads = 1;  // per rank
 };
 
-// `ranks` = the ranks that share the machine: the busy costs run that many copies at once
-// (threads, each with `threads` OpenMP threads), the plain ones one copy alone.
+// `ranks` = the ranks that share the machine: the busy costs and AdamW's rate run that many
+// copies at once (threads, each with `threads` OpenMP threads), the plain ones one copy
+// alone.
 CpuCosts measure_cpu(const CpuShape& shape, int ranks, int repeats = 3);
 
 // The CPU as a device: the machine's memory shared by `ranks_per_node` (its times come from

@@ -338,12 +338,17 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
       params = 4 * (l.zero == 3 ? shard : psi);
       grads = 4 * (l.zero >= 2 && P == 1 ? shard : psi);
       opt = l.offload == "optimizer" ? 0 : 8 * (l.zero >= 1 ? shard : psi);
-      if (l.zero == 2 && S > 1 && P == 1) buffers += 4 * biggest_unit;  // a unit's full gradient
-      if (l.zero == 3 && S > 1) {  // a unit's gradient and its gathered parameters, which the
+      // ZeRO 2 and 3 without a pipeline: full gradients in backward (docs/algorithms.md): the
+      // embedding's from the tied head (the first use) to the lookup (the last), and a
+      // block's from its use until its reduce-scatter lands - the block being computed and
+      // up to 2 in reduction, the most at once (fewer when reductions land early).
+      const double grads_in_flight = m.layers > 0 ? units[0] + 3 * units[1] : biggest_unit;
+      if (l.zero == 2 && S > 1 && P == 1) buffers += 4 * grads_in_flight;
+      if (l.zero == 3 && S > 1) {  // the gradients, and the gathered parameters, which the
         // shared gather (zero.shared_gather = auto) holds once per machine: 1/k on each of the
         // k data-parallel ranks a machine holds (tensor, then pipeline ranks fill it first)
         const int k = std::clamp(c.per_node / std::max(1, t * P), 1, S);
-        buffers += 4 * biggest_unit + 4 * biggest_unit / k;
+        buffers += 4 * (P == 1 ? grads_in_flight : biggest_unit) + 4 * biggest_unit / k;
       }
     } else {  // mixed precision: 2 + 2 + 12
       params = 2 * (l.zero == 3 ? shard : psi);

@@ -866,6 +866,7 @@ int Trainer::loop() {
     if (cfg_.ckpt_every > 0 && (step + 1) % cfg_.ckpt_every == 0)
       save(step + 1), saved_at = step + 1;
     if (tb_) tb_->flush();
+    if (plan_sample_due(step)) plan_sample();
     if (stop) {
       if (saved_at != step + 1) save(step + 1);
       write_trace();
@@ -884,12 +885,35 @@ int Trainer::loop() {
   return 0;
 }
 
+// --plan: rank 0 measures the CPU's costs at this layout's shape (plan/calibrate.h: alone,
+// and with as many copies as ranks at once) while the other ranks wait at a barrier, between
+// two steps: at a third and two thirds of the run and at its end, so the costs are measured
+// in the host's states the steps saw (on shared cores a state lasts seconds and moves a
+// measurement by 10-40%); plan_check takes each cost's median over the three.
+void Trainer::plan_sample() {
+  barrier();
+  if (rank_ == 0) {
+    const int T = static_cast<int>(cfg_.seq_len);
+    const int t = mesh_->tp();
+    plan_costs_.push_back(plan::measure_cpu(
+        {model_cfg_, static_cast<int>(cfg_.micro_batch), T, t, cfg_.recompute_every() == 1,
+         cfg_.sequence_parallel && t > 1, cfg_.dtype == "bf16", omp_get_max_threads()},
+        world_, 5));
+  }
+  barrier();
+}
+
+bool Trainer::plan_sample_due(int64_t step) const {
+  const int64_t run = cfg_.steps - first_step_, done = step + 1 - first_step_;
+  return opt_.plan && run >= 3 && step + 1 < cfg_.steps && (done == run / 3 || done == 2 * run / 3);
+}
+
 // --plan: the planner's prediction for this very layout (plan/planner.h), next to what the
 // run measured: the model-state high-water mark (the largest over the ranks) and the median
-// step time (the first step, which allocates and warms up, left out). Rank 0 measures the
-// CPU costs once the other ranks are done: alone, and with as many copies as ranks at once.
+// step time (the first step, which allocates and warms up, left out), with the CPU's costs
+// sampled across the run (plan_sample).
 void Trainer::plan_check() {
-  barrier();
+  plan_sample();
   // The shared-memory link as this job's ranks see it: a few allreduces of the gradients'
   // size (8 MiB at most), bus bandwidth = 2(n-1)/n of the bytes over the median time.
   double link_gbps = 0;
@@ -905,14 +929,18 @@ void Trainer::plan_check() {
     link_gbps = 2.0 * (world_ - 1) / world_ * n * 4 / median(times) / 1e9;
   }
   if (rank_ != 0) return;
-  const bool bf16 = cfg_.dtype == "bf16";
   const int T = static_cast<int>(cfg_.seq_len);
   const bool recompute = cfg_.recompute_every() == 1;
-  const int t = mesh_->tp();
-  plan::CpuCosts k =
-      plan::measure_cpu({model_cfg_, static_cast<int>(cfg_.micro_batch), T, t, recompute,
-                         cfg_.sequence_parallel && t > 1, bf16, omp_get_max_threads()},
-                        world_, 5);
+  plan::CpuCosts k = plan_costs_.back();
+  auto median_of = [&](double plan::CpuCosts::*field) {
+    std::vector<double> v;
+    for (const plan::CpuCosts& c : plan_costs_) v.push_back(c.*field);
+    k.*field = median(v);
+  };
+  for (auto field :
+       {&plan::CpuCosts::block_s, &plan::CpuCosts::ends_s, &plan::CpuCosts::block_busy_s,
+        &plan::CpuCosts::ends_busy_s, &plan::CpuCosts::adamw_params_per_s})
+    median_of(field);
   if (link_gbps > 0) k.shm_gbps = link_gbps;
   plan::Layout l;
   l.dp = mesh_->dp(), l.tp = mesh_->tp(), l.pp = mesh_->pp(), l.zero = static_cast<int>(cfg_.zero);

@@ -29,6 +29,7 @@
 #include "loom/parallel/stage_runner.h"
 #include "loom/parallel/step_composer.h"
 #include "loom/parallel/tensor_parallel.h"
+#include "loom/plan/planner.h"
 #include "loom/profile/system_sampler.h"
 #include "loom/train/config.h"
 #include "loom/train/divergence.h"
@@ -96,6 +97,8 @@ class Trainer {
   std::vector<double> world_sum(std::vector<double> v);
   std::vector<double> world_gather(const std::vector<double>& v);
   void barrier();
+  void plan_sample();  // --plan: the CPU's costs measured between two steps
+  bool plan_sample_due(int64_t step) const;
   void plan_check();
   std::pair<double, double> clock_offset_us();
 
@@ -158,6 +161,7 @@ class Trainer {
   // For --plan: every step's time and the largest model-state and activation high-water
   // marks over the ranks (MiB).
   std::vector<double> step_s_;
+  std::vector<plan::CpuCosts> plan_costs_;  // rank 0: plan_sample's measurements
   double state_peak_max_mb_ = 0, act_peak_max_mb_ = 0;
 };
 
