@@ -4,7 +4,10 @@ key/value cache from the same checkpoint, and vs loom without the cache, in one 
 threads: greedy decoding, a prompt of P tokens from the King James Bible, N new tokens.
 
     /usr/bin/python3 bench/sample_vs_pytorch.py LOOM DATA_DIR [--model gpt2-124m]
-        [--prompt-tokens 512] [--new 256] [--rounds 3]
+        [--prompt-tokens 512] [--new 256] [--rounds 3] [--batch 1]
+
+--batch B generates B sequences at once (B windows of Genesis of the same length: loom's
+repeated --prompt, PyTorch's batched cache); tokens/s count every sequence's tokens.
 
 DATA_DIR is a `loom prep` folder (the checkpoint is a 1-step run of the model on it: the
 speed does not depend on the weights). Rounds interleave loom (fp32, bf16 weights) and PyTorch
@@ -45,8 +48,9 @@ def read_checkpoint(step_dir):
     return out, man["meta"]["model"]
 
 
-def torch_generate(params, cfg, prompt, new, threads):
-    """Greedy decoding with a key/value cache in PyTorch; (tokens, prefill s, decode s).
+def torch_generate(params, cfg, prompts, new, threads):
+    """Greedy decoding with a key/value cache in PyTorch of equally long prompts at once;
+    (each prompt's new tokens, prefill s, decode s).
 
     Written for speed: the cache is preallocated and written in place (torch.cat of the
     growing cache cost more than the products here), and single rows go through
@@ -60,8 +64,9 @@ def torch_generate(params, cfg, prompt, new, threads):
     P = {k: torch.from_numpy(v) for k, v in params.items()}
     L, NH, C, T = cfg["n_layer"], cfg["n_head"], cfg["n_embd"], cfg["block_size"]
     V, hs = cfg["vocab_size"], C // NH
-    kc = torch.zeros(L, NH, T, hs)
-    vc = torch.zeros(L, NH, T, hs)
+    B = len(prompts)
+    kc = torch.zeros(L, B, NH, T, hs)
+    vc = torch.zeros(L, B, NH, T, hs)
 
     def linear(x, w, b=None):  # x (n, in), w (out, in)
         if x.shape[0] == 1:
@@ -69,44 +74,45 @@ def torch_generate(params, cfg, prompt, new, threads):
             return y if b is None else y + b
         return F.linear(x, w, b)
 
-    def forward(tokens, pos0):  # tokens (n,) at positions pos0.. -> logits of the last (V,)
-        n = tokens.shape[0]
+    def forward(tokens, pos0):  # tokens (B, n) at positions pos0.. -> the last logits (B, V)
+        n = tokens.shape[1]
         end = pos0 + n
-        x = P["wte"][tokens] + P["wpe"][pos0:end]
+        x = (P["wte"][tokens] + P["wpe"][pos0:end]).reshape(B * n, C)
         for layer in range(L):
             w = lambda s: P["h%d.%s" % (layer, s)]  # noqa: E731
             h = F.layer_norm(x, (C,), w("ln1w"), w("ln1b"), 1e-5)
             qkv = linear(h, w("qkvw").reshape(3 * C, C), w("qkvb").reshape(3 * C))
-            q, k, v = (t.reshape(n, NH, hs).transpose(0, 1) for t in qkv.split(C, dim=1))
-            kc[layer, :, pos0:end] = k
-            vc[layer, :, pos0:end] = v
-            att = (q @ kc[layer, :, :end].transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+            q, k, v = (t.reshape(B, n, NH, hs).transpose(1, 2) for t in qkv.split(C, dim=1))
+            kc[layer, :, :, pos0:end] = k
+            vc[layer, :, :, pos0:end] = v
+            att = (q @ kc[layer, :, :, :end].transpose(-2, -1)) * (1.0 / math.sqrt(hs))
             if n > 1:  # causal inside the new rows
                 mask = torch.ones(n, end).tril(pos0) == 0
                 att = att.masked_fill(mask, float("-inf"))
-            y = (att.softmax(dim=-1) @ vc[layer, :, :end]).transpose(0, 1).reshape(n, C)
+            y = (att.softmax(dim=-1) @ vc[layer, :, :, :end]).transpose(1, 2).reshape(B * n, C)
             x = x + linear(y, w("attprojw"), w("attprojb"))
             h = F.layer_norm(x, (C,), w("ln2w"), w("ln2b"), 1e-5)
             h = F.gelu(linear(h, w("fcw"), w("fcb")), approximate="tanh")
             x = x + linear(h, w("fcprojw"), w("fcprojb"))
-        last = F.layer_norm(x[-1:], (C,), P["lnfw"], P["lnfb"], 1e-5)
-        return linear(last, P["wte"])[0, :V]
+        last = F.layer_norm(x.reshape(B, n, C)[:, -1], (C,), P["lnfw"], P["lnfb"], 1e-5)
+        return linear(last, P["wte"])[:, :V]
 
     with torch.no_grad():
         t0 = time.perf_counter()
-        nxt = int(forward(torch.tensor(prompt), 0).argmax())
+        nxt = forward(torch.tensor(prompts), 0).argmax(dim=-1)
         t1 = time.perf_counter()
         out = [nxt]
         while len(out) < new:
-            nxt = int(forward(torch.tensor([nxt]), len(prompt) + len(out) - 1).argmax())
+            nxt = forward(nxt.unsqueeze(1), len(prompts[0]) + len(out) - 1).argmax(dim=-1)
             out.append(nxt)
         t2 = time.perf_counter()
-    return out, t1 - t0, t2 - t1
+    return [[int(t[i]) for t in out] for i in range(B)], t1 - t0, t2 - t1
 
 
-def loom_sample(loom, ckpt, text, new, cache, dtype="fp32"):
-    cmd = [loom, "sample", "--ckpt", ckpt, "--prompt", text, "-n", str(new), "--temperature",
-           "0", "--stats", "--dtype", dtype] + ([] if cache else ["--no-cache"])
+def loom_sample(loom, ckpt, texts, new, cache, dtype="fp32"):
+    cmd = [loom, "sample", "--ckpt", ckpt, "-n", str(new), "--temperature", "0", "--stats",
+           "--dtype", dtype] + [x for t in texts for x in ("--prompt", t)] + \
+        ([] if cache else ["--no-cache"])
     p = subprocess.run(cmd, capture_output=True, text=True, check=True)
     m = re.search(r"first new token after ([\d.]+) s; (\d+) more new tokens in ([\d.]+) s",
                   p.stderr)
@@ -135,6 +141,7 @@ def main():
     ap.add_argument("--no-cache-new", type=int, default=16,
                     help="new tokens for loom --no-cache (each re-runs the whole window)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1, help="sequences generated at once")
     a = ap.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory() as tmp:
@@ -148,40 +155,52 @@ def main():
         step_dir = os.path.join(run_dir, "ckpt", sorted(os.listdir(os.path.join(run_dir,
                                                                                   "ckpt")))[-1])
         params, cfg = read_checkpoint(step_dir)
-        # The prompt: the first P tokens of Genesis, as text that encodes to exactly them.
-        text = subprocess.run(["bible", "-f", "gen1:1-gen9:29"], capture_output=True,
+        # The prompts: windows of P tokens of Genesis, each as text that encodes to exactly
+        # them (a window that does not is moved on by a token).
+        text = subprocess.run(["bible", "-f", "gen1:1-gen20:18"], capture_output=True,
                               text=True, check=True).stdout
-        ids = encode(a.loom, text)[:a.prompt_tokens]
-        prompt = decode(a.loom, ids)
-        if encode(a.loom, prompt) != ids:
-            sys.exit("the prompt text does not encode back to its %d tokens" % len(ids))
+        all_ids = encode(a.loom, text)
+        windows, at = [], 0
+        while len(windows) < a.batch:
+            ids = all_ids[at:at + a.prompt_tokens]
+            if len(ids) < a.prompt_tokens:
+                sys.exit("Genesis has too few tokens for %d prompts" % a.batch)
+            if encode(a.loom, decode(a.loom, ids)) == ids:
+                windows.append(ids)
+                at += a.prompt_tokens
+            else:
+                at += 1
+        prompts = [decode(a.loom, ids) for ids in windows]
+        ids = windows[0]
         cores = os.cpu_count()
         names = ["loom fp32", "loom bf16"] + ["pytorch %d" % t for t in sorted({1, cores})]
         rows = {k: [] for k in names}
         for r in range(a.rounds):
             for name in names:
                 if name.startswith("loom"):
-                    out, first, stepped, gen = loom_sample(a.loom, step_dir, prompt, a.new, True,
-                                                           name.split()[1])
+                    out, first, stepped, gen = loom_sample(a.loom, step_dir, prompts, a.new,
+                                                           True, name.split()[1])
                     rows[name].append((first, stepped / gen))
                     if name == "loom fp32":
                         loom_text = out
                 else:
-                    toks, pre, dec = torch_generate(params, cfg, ids, a.new,
+                    toks, pre, dec = torch_generate(params, cfg, windows, a.new,
                                                     int(name.split()[1]))
-                    rows[name].append((pre, (len(toks) - 1) / dec))
+                    rows[name].append((pre, a.batch * (a.new - 1) / dec))
             print("round %d: %s" % (r, ", ".join("%s %.1f tok/s" % (k, v[-1][1])
                                                  for k, v in rows.items())), file=sys.stderr)
-        _, nc_first, nc_stepped, nc_gen = loom_sample(a.loom, step_dir, prompt,
+        _, nc_first, nc_stepped, nc_gen = loom_sample(a.loom, step_dir, prompts[:1],
                                                       a.no_cache_new, False)
-        same = loom_text == prompt + decode(a.loom, toks) + "\n"
+        same = loom_text == "----\n".join(p + decode(a.loom, t) + "\n"
+                                          for p, t in zip(prompts, toks))
     med = {k: (statistics.median(x for x, _ in v), statistics.median(y for _, y in v))
            for k, v in rows.items()}
     best = max((v[1], k) for k, v in med.items() if k.startswith("pytorch"))
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     cpu = re.search(r"Model name:\s*(.*)", cpu).group(1)
-    print("%s, %d-token prompt, %d new tokens, greedy, %d threads, %s, medians of %d rounds" %
-          (a.model, len(ids), a.new, os.cpu_count(), cpu, a.rounds))
+    print("%s, %d prompt(s) of %d tokens at once, %d new tokens each, greedy, %d threads, %s, "
+          "medians of %d rounds" % (a.model, a.batch, len(ids), a.new, os.cpu_count(), cpu,
+                                    a.rounds))
     print()
     print("| generator | prompt -> first token (s) | new tokens/s | vs best PyTorch |")
     print("|---|---:|---:|---:|")
@@ -190,7 +209,7 @@ def main():
     for k in names:
         name = label.get(k) or "PyTorch 1.13, key/value cache, fp32, %s thread(s)" % k.split()[1]
         print("| %s | %.3f | %.1f | %.2fx |" % (name, med[k][0], med[k][1], med[k][1] / best[0]))
-    print("| loom sample --no-cache, fp32 (%d new tokens) | %.3f | %.2f | %.3fx |" %
+    print("| loom sample --no-cache, fp32, one prompt (%d new tokens) | %.3f | %.2f | %.3fx |" %
           (a.no_cache_new, nc_first, nc_stepped / nc_gen, nc_stepped / nc_gen / best[0]))
     print()
     print("greedy text of loom (fp32) and PyTorch: %s" % ("identical" if same else "DIFFERENT"))
