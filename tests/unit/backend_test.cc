@@ -151,6 +151,20 @@ TEST(Backends, MatmulHalvesAssignRowsAndBias) {
         k.matmul_forward_rows_bf16(b[2].data(), b[0].data(), w16.data(), b[1].data(), R, C, OC);
       });
   expect_close(fast, ref, "matmul_forward_rows_bf16");
+  // Few rows from fp32 weights (a batch of sequences decoding): every row count of a group
+  // of 8 and one past it (groups, then a remainder), a width that is not a multiple of 8.
+  const int Codd = C + 5;
+  const auto wf = randn(size_t{OC} * Codd, 26, 0.1f);
+  for (size_t rows : {1, 2, 3, 5, 7, 8, 11}) {
+    const auto [fast_f, ref_f] =
+        both({randn(rows * Codd, 27), randn(OC, 28), std::vector<float>(rows * OC)},
+             [&](Backend& k, auto& b) {
+               k.matmul_forward_rows(b[2].data(), b[0].data(), wf.data(), b[1].data(),
+                                     static_cast<int>(rows), Codd, OC);
+             });
+    const std::string what = "matmul_forward_rows, " + std::to_string(rows) + " rows";
+    expect_close(fast_f, ref_f, what.c_str());
+  }
 }
 
 TEST(Backends, AttentionAssignAndDecode) {

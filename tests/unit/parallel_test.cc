@@ -388,6 +388,17 @@ struct DpCase {
   bool shared_gather = true;  // zero.shared_gather (stage 3; thread ranks share a machine)
 };
 
+// A rank's model-state high-water mark: at least the formula, at most the formula plus the
+// buffers allowed in flight; nothing left allocated after the run.
+void expect_state_within(const StateMemory& account, int rank, double expected, double allowance) {
+  const double peak = static_cast<double>(account.peak_bytes());
+  EXPECT_GE(peak, 0.999 * expected) << "rank " << rank;
+  EXPECT_LE(peak, expected + allowance)
+      << "rank " << rank << ": " << peak / 1e6 << " MB of model state, formula " << expected / 1e6
+      << " MB + at most " << allowance / 1e6 << " MB in flight";
+  EXPECT_EQ(account.current_bytes(), 0u) << "rank " << rank << ": state left allocated";
+}
+
 class DataParallelSteps : public ::testing::TestWithParam<DpCase> {};
 
 // A model whose blocks dominate (16 blocks, each 6% of the parameters; in `tiny` the
@@ -465,12 +476,7 @@ TEST_P(DataParallelSteps, LossesOfOneProcessAndZerosMemory) {
   const double gathered = (2 * block + ends) / (k.shared_gather ? S : 1);
   if (k.zero == 3) expected = 16 * psi / S, allowance += 3 * block + ends + gathered;
   for (int r = 0; r < k.n; ++r) {
-    const double peak = static_cast<double>(accounts[r].peak_bytes());
-    EXPECT_GE(peak, 0.999 * expected) << "rank " << r;
-    EXPECT_LE(peak, expected + allowance)
-        << "rank " << r << ": " << peak / 1e6 << " MB of model state, formula " << expected / 1e6
-        << " MB + at most " << allowance / 1e6 << " MB in flight";
-    EXPECT_EQ(accounts[r].current_bytes(), 0u) << "rank " << r << ": state left allocated";
+    expect_state_within(accounts[r], r, expected, allowance);
   }
 }
 
@@ -591,12 +597,7 @@ TEST_P(PipelinedZero3, PrefetchesInScheduleOrderWithOneProcessLosses) {
     const double psi = stage_params[r], S = D, pad = 16.0 * units * S;
     const double expected = 16 * psi / S + 4 * psi;
     const double allowance = pad + in_flight[r];
-    const double peak = static_cast<double>(accounts[r].peak_bytes());
-    EXPECT_GE(peak, 0.999 * expected) << "rank " << r;
-    EXPECT_LE(peak, expected + allowance)
-        << "rank " << r << ": " << peak / 1e6 << " MB of model state, formula " << expected / 1e6
-        << " MB + at most " << allowance / 1e6 << " MB in flight";
-    EXPECT_EQ(accounts[r].current_bytes(), 0u) << "rank " << r << ": state left allocated";
+    expect_state_within(accounts[r], r, expected, allowance);
   }
 }
 

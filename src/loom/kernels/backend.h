@@ -100,6 +100,9 @@ class Backend {
   virtual void matmul_backward_weight(float* dweight, float* dbias, const float* dout,
                                       const float* inp, int N, int C, int OC,
                                       const uint16_t* dout16 = nullptr) = 0;
+  // The forward on a few rows (generation: a batch of sequences decoding), fp32 weights.
+  virtual void matmul_forward_rows(float* out, const float* inp, const float* weight,
+                                   const float* bias, int R, int C, int OC) = 0;
   // The forward on a few rows from bf16 weights (generation); fp32 products and sums.
   virtual void matmul_forward_rows_bf16(float* out, const float* inp, const uint16_t* weight,
                                         const float* bias, int R, int C, int OC) = 0;

@@ -91,6 +91,10 @@ class CpuBackend final : public Backend {
                               int N, int C, int OC, const uint16_t* dout16) override {
     cpu::matmul_backward_weight(gemm_, dweight, dbias, dout, inp, N, C, OC, dout16);
   }
+  void matmul_forward_rows(float* out, const float* inp, const float* weight, const float* bias,
+                           int R, int C, int OC) override {
+    cpu::matmul_forward_rows(out, inp, weight, bias, R, C, OC);
+  }
   void matmul_forward_rows_bf16(float* out, const float* inp, const uint16_t* weight,
                                 const float* bias, int R, int C, int OC) override {
     cpu::matmul_forward_rows_bf16(out, inp, weight, bias, R, C, OC);

@@ -1,13 +1,18 @@
-// A linear's forward on a few rows with bf16 weights (generation with `loom sample --dtype
-// bf16`): out (R,OC) = inp (R,C) @ weight (OC,C)^T + bias (OC), the weights stored as bf16
-// bits and widened to fp32 in registers; products and sums fp32; inp, out and bias fp32.
-// With one row per sequence the product is a matrix-vector product bound by the bytes of
-// the weights, so half the bytes is about twice the speed (fp32 few-row products go
-// through oneDNN, as fast as these loops in fp32). Threads split the output columns; each
-// weight row, once in L1, meets every input row.
+// A linear's forward on a few rows (generation: R sequences decoding at once): out (R,OC) =
+// inp (R,C) @ weight (OC,C)^T + bias (OC). Threads split the output columns; each weight row,
+// once in L1, meets every input row.
+// - bf16 weights (`loom sample --dtype bf16`), stored as bf16 bits and widened to fp32 in
+//   registers; products and sums fp32. With one row per sequence the product is a
+//   matrix-vector product bound by the bytes of the weights, so half the bytes is about
+//   twice the speed.
+// - fp32 weights, 2 to 16 rows: each 8-float piece of a weight row is loaded once for up to
+//   8 rows. oneDNN's product at M = 8 reached neither the machine's bandwidth nor its FLOPs
+//   (docs/perf.md, generation at batch 8); at M = 1 it reads the weights at ~93% of the
+//   bandwidth, so one row stays on it.
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 
 #include "loom/kernels/cpu/kernels.h"
 #include "loom/kernels/cpu/vecmath.h"
@@ -45,6 +50,59 @@ LOOM_VECTOR_CLONES void rows_block(float* out, const float* inp, const uint16_t*
   }
 }
 }  // namespace
+
+namespace {
+// fp32 weights, R rows at once: each 8-float piece of a weight row is loaded once and meets
+// every row's piece (R independent vector sums, one per row, added across in a fixed order
+// at the end). Output columns [o_begin, o_end).
+using Vec8 = float __attribute__((vector_size(32)));
+
+template <int R>
+LOOM_VECTOR_CLONES void rows_fp32_block(float* out, const float* inp, const float* weight,
+                                        const float* bias, int C, int OC, int o_begin, int o_end) {
+  for (int o = o_begin; o < o_end; ++o) {
+    const float* w = weight + static_cast<size_t>(o) * C;
+    Vec8 acc[R] = {};
+    int i = 0;
+    for (; i + 8 <= C; i += 8) {
+      Vec8 wv;
+      std::memcpy(&wv, w + i, sizeof wv);
+      for (int r = 0; r < R; ++r) {
+        Vec8 xv;
+        std::memcpy(&xv, inp + static_cast<size_t>(r) * C + i, sizeof xv);
+        acc[r] += wv * xv;
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      float s = 0;
+      for (int j = 0; j < 8; ++j) s += acc[r][j];
+      for (int k = i; k < C; ++k) s += w[k] * inp[static_cast<size_t>(r) * C + k];
+      out[static_cast<size_t>(r) * OC + o] = bias ? s + bias[o] : s;
+    }
+  }
+}
+
+template <int R>
+void rows_fp32(float* out, const float* inp, const float* weight, const float* bias, int C,
+               int OC) {
+  constexpr int kBlock = 64;  // output columns per task
+#pragma omp parallel for schedule(static)
+  for (int o = 0; o < OC; o += kBlock)
+    rows_fp32_block<R>(out, inp, weight, bias, C, OC, o, std::min(OC, o + kBlock));
+}
+
+using RowsFp32 = void (*)(float*, const float*, const float*, const float*, int, int);
+constexpr RowsFp32 kRowsFp32[8] = {rows_fp32<1>, rows_fp32<2>, rows_fp32<3>, rows_fp32<4>,
+                                   rows_fp32<5>, rows_fp32<6>, rows_fp32<7>, rows_fp32<8>};
+}  // namespace
+
+void matmul_forward_rows(float* out, const float* inp, const float* weight, const float* bias,
+                         int R, int C, int OC) {
+  // In groups of up to 8 rows (8 sums and a weight piece fill 9 of AVX2's 16 registers).
+  for (int r0 = 0; r0 < R; r0 += 8)
+    kRowsFp32[std::min(8, R - r0) - 1](out + static_cast<size_t>(r0) * OC,
+                                       inp + static_cast<size_t>(r0) * C, weight, bias, C, OC);
+}
 
 void matmul_forward_rows_bf16(float* out, const float* inp, const uint16_t* weight,
                               const float* bias, int R, int C, int OC) {
