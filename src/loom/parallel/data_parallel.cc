@@ -454,7 +454,7 @@ void DataParallel::step_begins(bool training) {
 }
 
 void DataParallel::step_ends() {
-  recorded_[pipeline_step_] = true;
+  if (pipeline_step_ >= 0) recorded_[pipeline_step_] = true;
   pipeline_step_ = -1;
 }
 
@@ -548,12 +548,13 @@ void DataParallel::before_use(int u) {
 void DataParallel::after_use(int u) {
   if (!policy_->params_sharded() || phase_ == Phase::kIdle) return;
   const int ph = use_order();
-  if (ph < 0) return;
-  const auto& order = order_[ph];
   if (opt_.pipeline) {  // a step's order spans its actions: keep u only for a use next
-    if (!recorded_[ph] || cursor_ >= order.size() || order[cursor_] != u) release_gathered(u);
+    const bool next_is_u =
+        ph >= 0 && recorded_[ph] && cursor_ < order_[ph].size() && order_[ph][cursor_] == u;
+    if (!next_is_u) release_gathered(u);
     return;
   }
+  const auto& order = order_[ph];
   if (!recorded_[ph]) return;           // first step: freed at the next use of another unit
   if (cursor_ >= order.size()) return;  // the phase's last use: the next phase starts with it
   if (order[cursor_] != u) release_gathered(u);
