@@ -75,19 +75,27 @@ std::pair<double, double> step_seconds(const CpuShape& s, int repeats) {
   return {b, std::max(0.0, median(whole) - b)};
 }
 
+// Runs measure(i) for i < copies at once, copy 0 on the calling thread and the others on
+// threads of their own, each with `threads` OpenMP threads and its memory in an account of
+// its own (not the caller's model state: core/state_memory.h).
+template <typename Fn>
+void at_once(int copies, int threads, Fn measure) {
+  auto one = [&](int i) {
+    StateMemory scratch;
+    StateMemory::Scope scope(scratch);
+    omp_set_num_threads(threads);
+    measure(i);
+  };
+  std::vector<std::thread> others;
+  for (int i = 1; i < copies; ++i) others.emplace_back(one, i);
+  one(0);
+  for (auto& t : others) t.join();
+}
+
 // (block, ends) seconds measured by `copies` threads at once; the slowest copy's.
 std::pair<double, double> block_and_ends(const CpuShape& shape, int copies, int repeats) {
   std::vector<std::pair<double, double>> got(copies);
-  auto measure = [&](int i) {
-    StateMemory scratch;  // not the caller's model state (core/state_memory.h)
-    StateMemory::Scope scope(scratch);
-    omp_set_num_threads(shape.threads);
-    got[i] = step_seconds(shape, repeats);
-  };
-  std::vector<std::thread> threads;
-  for (int i = 1; i < copies; ++i) threads.emplace_back(measure, i);
-  measure(0);
-  for (auto& t : threads) t.join();
+  at_once(copies, shape.threads, [&](int i) { got[i] = step_seconds(shape, repeats); });
   std::pair<double, double> worst = got[0];
   for (const auto& [b, e] : got) worst = {std::max(worst.first, b), std::max(worst.second, e)};
   return worst;
@@ -99,10 +107,7 @@ std::pair<double, double> block_and_ends(const CpuShape& shape, int copies, int 
 double adamw_params_per_s(int threads, int copies, int repeats) {
   const size_t n = size_t{4} << 20;
   std::vector<double> worst(copies);
-  auto measure = [&](int i) {
-    StateMemory scratch;
-    StateMemory::Scope scope(scratch);
-    omp_set_num_threads(threads);
+  at_once(copies, threads, [&](int i) {
     optim::AdamW adam({{0, n, true}}, 0, n);
     std::vector<float> p(n, 0.01f), g(n, 0.001f);
     std::vector<double> times;
@@ -112,11 +117,7 @@ double adamw_params_per_s(int threads, int copies, int repeats) {
       if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     worst[i] = median(times);
-  };
-  std::vector<std::thread> others;
-  for (int i = 1; i < copies; ++i) others.emplace_back(measure, i);
-  measure(0);
-  for (auto& t : others) t.join();
+  });
   return static_cast<double>(n) / *std::max_element(worst.begin(), worst.end());
 }
 

@@ -49,9 +49,16 @@ LOOM_VECTOR_CLONES void rows_block(float* out, const float* inp, const uint16_t*
       out[static_cast<size_t>(r) * OC + o] = dot(inp + static_cast<size_t>(r) * C, w, C);
   }
 }
-}  // namespace
 
-namespace {
+// fn(o_begin, o_end) over the output columns in blocks of 64, the blocks split across the
+// threads.
+template <typename Fn>
+void column_blocks(int OC, Fn fn) {
+  constexpr int kBlock = 64;
+#pragma omp parallel for schedule(static)
+  for (int o = 0; o < OC; o += kBlock) fn(o, std::min(OC, o + kBlock));
+}
+
 // fp32 weights, R rows at once: each 8-float piece of a weight row is loaded once and meets
 // every row's piece (R independent vector sums, one per row, added across in a fixed order
 // at the end). Output columns [o_begin, o_end).
@@ -85,10 +92,8 @@ LOOM_VECTOR_CLONES void rows_fp32_block(float* out, const float* inp, const floa
 template <int R>
 void rows_fp32(float* out, const float* inp, const float* weight, const float* bias, int C,
                int OC) {
-  constexpr int kBlock = 64;  // output columns per task
-#pragma omp parallel for schedule(static)
-  for (int o = 0; o < OC; o += kBlock)
-    rows_fp32_block<R>(out, inp, weight, bias, C, OC, o, std::min(OC, o + kBlock));
+  column_blocks(OC,
+                [&](int o, int end) { rows_fp32_block<R>(out, inp, weight, bias, C, OC, o, end); });
 }
 
 using RowsFp32 = void (*)(float*, const float*, const float*, const float*, int, int);
@@ -106,15 +111,12 @@ void matmul_forward_rows(float* out, const float* inp, const float* weight, cons
 
 void matmul_forward_rows_bf16(float* out, const float* inp, const uint16_t* weight,
                               const float* bias, int R, int C, int OC) {
-  constexpr int kBlock = 64;  // output columns per task
-#pragma omp parallel for schedule(static)
-  for (int o = 0; o < OC; o += kBlock) {
-    const int end = std::min(OC, o + kBlock);
+  column_blocks(OC, [&](int o, int end) {
     rows_block(out, inp, weight, R, C, OC, o, end);
     if (bias)
       for (int r = 0; r < R; ++r)
         for (int j = o; j < end; ++j) out[static_cast<size_t>(r) * OC + j] += bias[j];
-  }
+  });
 }
 
 }  // namespace loom::kernels::cpu

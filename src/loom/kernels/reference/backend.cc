@@ -141,17 +141,10 @@ class ReferenceBackend final : public Backend {
                               int N, int C, int OC, const uint16_t* /*dout16*/) override {
     reference::matmul_backward_weight(dweight, dbias, dout, inp, N, C, OC, bf16());
   }
-  // fp32, sums in double.
+  // The linear's forward in fp32 whatever the precision (decoding reads fp32 weights).
   void matmul_forward_rows(float* out, const float* inp, const float* weight, const float* bias,
                            int R, int C, int OC) override {
-    for (int r = 0; r < R; ++r)
-      for (int o = 0; o < OC; ++o) {
-        double sum = bias ? bias[o] : 0.0;
-        for (int i = 0; i < C; ++i)
-          sum += static_cast<double>(inp[static_cast<size_t>(r) * C + i]) *
-                 weight[static_cast<size_t>(o) * C + i];
-        out[static_cast<size_t>(r) * OC + o] = static_cast<float>(sum);
-      }
+    reference::matmul_forward(out, inp, weight, bias, R, C, OC, /*bf16=*/false);
   }
   // fp32 inputs, bf16 weights widened exactly, sums in double.
   void matmul_forward_rows_bf16(float* out, const float* inp, const uint16_t* weight,
