@@ -48,7 +48,7 @@ step "thread-rank tests under TSan"
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 ctest --test-dir build-tsan --output-on-failure -j 1 -R 'store_test|core_test|comm_features_test'
 ./build-tsan/tests/collectives_test --gtest_brief=1 \
-  --gtest_filter='*shm_n3*:*shm_n5*:*tcp_n2*:*hier_n4*:ReadInPlace.*:SharedBuffers.*:ShmRing.*:ShmFutex.*:AllgatherShared.*:TcpSendThread.*'
+  --gtest_filter='*shm_n3*:*shm_n5*:*tcp_n2*:*hier_n4*:ReadInPlace.*:SharedBuffers.*:SharedAllreduce.*:ShmRing.*:ShmFutex.*:AllgatherShared.*:TcpSendThread.*'
 unset TSAN_OPTIONS
 
 # The Release build with clang too (the release build above is GCC's), warnings as errors;

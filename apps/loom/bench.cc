@@ -529,7 +529,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
   b->add_option("--op", args->op,
                 "allreduce|allgather|reduce_scatter|broadcast|reduce|alltoall|all");
   b->add_option("--np", args->np, "spawn N local ranks (otherwise join the launcher's job)");
-  b->add_option("--algo", args->algo, "auto|ring|direct|tree|rd|hier");
+  b->add_option("--algo", args->algo, "auto|ring|direct|tree|rd|hier|shared");
   b->add_option("--dtype", args->dtype, "f32|bf16|f16|f64|i32|i64|u8");
   b->add_option("--min,-b", args->min, "smallest size, bytes (e.g. 4K)");
   b->add_option("--max,-e", args->max, "largest size, bytes (e.g. 256M)");

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "loom/comm/algorithms/algorithms.h"
 #include "loom/comm/bootstrap.h"
 #include "loom/comm/transport/shm/shm_pair.h"
 #include "loom/core/error.h"
@@ -39,12 +40,22 @@ using namespace loom::comm;
 namespace {
 
 // With LOOM_TEST_EXPECT_IN_PLACE set, the run fails unless some messages were read in place
-// (so a test of the single-copy path cannot pass through the ring alone).
+// (so a test of the single-copy path cannot pass through the ring alone). With
+// LOOM_TEST_EXPECT_FUSED=1 it fails unless some shared allreduce ran fused (each rank
+// reducing its block of every input and writing it into every output), with =0 if any did.
 int expect_in_place(int status) {
   if (status == 0 && std::getenv("LOOM_TEST_EXPECT_IN_PLACE") &&
       comm::ShmPair::bytes_read_in_place() == 0) {
     std::fprintf(stderr, "NOT IN PLACE: no message was read in place\n");
     return 1;
+  }
+  if (const char* f = std::getenv("LOOM_TEST_EXPECT_FUSED"); status == 0 && f) {
+    const uint64_t fused = comm::algo::shared_allreduces_fused();
+    if ((std::string(f) == "1") != (fused > 0)) {
+      std::fprintf(stderr, "FUSED: %llu shared allreduces ran fused, expected %s\n",
+                   static_cast<unsigned long long>(fused), f[0] == '1' ? "some" : "none");
+      return 1;
+    }
   }
   return status;
 }

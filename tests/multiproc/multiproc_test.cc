@@ -63,8 +63,10 @@ void expect_ok(const Job& j) {
     EXPECT_EQ(e.exit_code, 0) << e.describe() << "\n" << all_logs(j);
 }
 
+// Heap buffers of separate processes: the shared allreduce finds some buffer no peer can
+// map and runs ring on every rank (none runs fused).
 TEST(Processes, SweepOverSharedMemory) {
-  for (int n : {2, 3, 4}) expect_ok(run_worker(n, {"sweep"}));
+  for (int n : {2, 3, 4}) expect_ok(run_worker(n, {"sweep"}, {{"LOOM_TEST_EXPECT_FUSED", "0"}}));
 }
 
 // Single copy: every collective message (LOOM_SHM_SINGLE_COPY=1 byte and up) is read in
@@ -80,12 +82,17 @@ TEST(Processes, SweepReadInPlace) {
 }
 
 // Shared buffers: the sweep's buffers all lie in one alloc_shared buffer; every message of
-// a byte and up between ranks of a (virtual) host is read through the receiver's mapping.
+// a byte and up between ranks of a (virtual) host is read through the receiver's mapping,
+// and the shared allreduce runs fused through writable mappings of the peers' buffers (in
+// pieces of 64 bytes, so that a block takes many).
 TEST(Processes, SweepFromSharedBuffers) {
   std::map<std::string, std::string> env{{"LOOM_SHM_SHARED_MIN", "1"},
                                          {"LOOM_SHM_SHARED_MIN_ALLREDUCE", "1"},
-                                         {"LOOM_TEST_EXPECT_IN_PLACE", "1"}};
+                                         {"LOOM_TEST_EXPECT_IN_PLACE", "1"},
+                                         {"LOOM_TEST_EXPECT_FUSED", "1"},
+                                         {"LOOM_SHARED_ALLREDUCE_PIECE", "64"}};
   for (int n : {2, 3, 4}) expect_ok(run_worker(n, {"sweep_shared"}, env));
+  env.erase("LOOM_TEST_EXPECT_FUSED");  // two virtual hosts: no shared allreduce
   env["LOOM_TEST_HOSTS"] = "2";
   expect_ok(run_worker(4, {"sweep_shared"}, env));  // hosts {0,1} and {2,3}
 }

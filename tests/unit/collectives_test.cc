@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "loom/comm/algorithms/algorithms.h"
 #include "loom/comm/communicator.h"
 #include "loom/comm/reduce.h"
 #include "loom/comm/transport/shm/shm_pair.h"
@@ -128,6 +129,24 @@ TEST(SharedBuffers, SweepReadsInPlace) {
   }
   ::unsetenv("LOOM_SHM_SHARED_MIN");
   ::unsetenv("LOOM_SHM_SHARED_MIN_ALLREDUCE");
+}
+
+// The shared allreduce between thread ranks: every buffer is reachable (one address space),
+// heap or shared, so it runs fused on every call; in pieces of 64 bytes (a block takes many,
+// the last one short); with TCP forced it is not a valid choice and the sweep skips it.
+TEST(SharedAllreduce, FusedPieceByPiece) {
+  ::setenv("LOOM_SHARED_ALLREDUCE_PIECE", "64", 1);
+  for (int n : {2, 3, 5}) {
+    std::string name = "shared-allreduce-" + std::to_string(n);
+    const uint64_t before = comm::algo::shared_allreduces_fused();
+    std::vector<size_t> counts{1, 7, 1031, static_cast<size_t>(n) * 13 + 3};
+    run_ranks(n, Layout::kShm, name, [&](Communicator& c) {
+      int wrong = sweep(c, counts, name, [](const std::string& m) { ADD_FAILURE() << m; });
+      EXPECT_EQ(wrong, 0) << name << " rank " << c.rank();
+    });
+    EXPECT_GT(comm::algo::shared_allreduces_fused(), before) << name;
+  }
+  ::unsetenv("LOOM_SHARED_ALLREDUCE_PIECE");
 }
 
 // TCP send threads (LOOM_TCP_SEND_THREAD=1): every payload of the sweep is written by the

@@ -100,9 +100,14 @@ TEST(Tuning, AutoPicksValidAlgorithmsAndHonoursOverrides) {
         EXPECT_NE(std::find(valid.begin(), valid.end(), a), valid.end());
       }
     }
-    // Small allreduce: a latency-optimal algorithm; large: ring.
+    // Small allreduce: a latency-optimal algorithm; large, on one machine: shared (the
+    // buffers' owners read and write each other's); with TCP forced: ring.
     EXPECT_NE(choose_algo(OpKind::kAllreduce, 8, t, m, Algo::kAuto), Algo::kRing);
-    EXPECT_EQ(choose_algo(OpKind::kAllreduce, 256 << 20, t, m, Algo::kAuto), Algo::kRing);
+    EXPECT_EQ(choose_algo(OpKind::kAllreduce, 256 << 20, t, m, Algo::kAuto), Algo::kShared);
+    Topology tcp = t;
+    tcp.force_tcp = true;
+    EXPECT_EQ(choose_algo(OpKind::kAllreduce, 256 << 20, tcp, m, Algo::kAuto), Algo::kRing);
+    EXPECT_NE(choose_algo(OpKind::kAllreduce, 256 << 20, tcp, m, Algo::kShared), Algo::kShared);
     EXPECT_EQ(choose_algo(OpKind::kAllreduce, 8, t, m, Algo::kDirect), Algo::kDirect);
     // hier is not valid on one host: the override falls back to auto
     EXPECT_NE(choose_algo(OpKind::kAllreduce, 8, t, m, Algo::kHier), Algo::kHier);
@@ -141,8 +146,12 @@ TEST(Tuning, AutoPicksTheCostModelsWinner) {
   const Case cases[] = {
       // 4 ranks, 8 B: direct 0.4 + 0.1*2 = 0.6 us; rd 2 steps = 0.8; tree 1.6; ring 2.4.
       {OpKind::kAllreduce, one_host(4), 8, Algo::kDirect, "latency: one step to everyone"},
-      // 256 MiB: ring 6*(0.4 + 64 MiB/12 GB/s) = 33.6 ms; tree 2.5 B/beta = 55.9 ms; rd 67 ms.
-      {OpKind::kAllreduce, one_host(4), 256 * MiB, Algo::kRing, "bandwidth: 2(n-1)/n B"},
+      // 256 MiB: shared 2*0.4*1.5 + 0.75 B/beta = 16.8 ms; ring 6*(0.4 + 64 MiB/12 GB/s) =
+      // 33.6 ms; tree 2.5 B/beta = 55.9 ms; rd 67 ms.
+      {OpKind::kAllreduce, one_host(4), 256 * MiB, Algo::kShared, "one pass, no staging"},
+      // 512 KiB, under the shared algorithm's 1 MiB: ring 6*(0.4 + 128 KiB/beta) = 68.3 us;
+      // direct 0.6 + 1.5*3*B/beta = 131.7 us; rd 2*(0.4 + 1.5 B/beta) = 132.0 us.
+      {OpKind::kAllreduce, one_host(4), 512 * 1024, Algo::kRing, "bandwidth: 2(n-1)/n B"},
       // 2 ranks, 8 B: rd and direct both 0.40 us (rd listed first wins the tie).
       {OpKind::kAllreduce, one_host(2), 8, Algo::kRd, "tie goes to the first listed"},
       // 3 ranks (rd invalid for allgather), 8 B: direct 0.4 + 0.1 = 0.5 us; ring 2*0.4 = 0.8.

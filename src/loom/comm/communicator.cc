@@ -33,7 +33,8 @@ const StringTunable kAddr("LOOM_ADDR", "",
                           "address to listen on for peers (default: the one that reaches the "
                           "store)");
 const StringTunable kToken("LOOM_JOB_TOKEN", "", "per-job secret proven by every connection");
-const StringTunable kAlgo("LOOM_ALGO", "auto", "force an algorithm: auto|ring|direct|tree|rd|hier");
+const StringTunable kAlgo("LOOM_ALGO", "auto",
+                          "force an algorithm: auto|ring|direct|tree|rd|hier|shared");
 std::string what_of(std::exception_ptr e) {
   try {
     std::rethrow_exception(e);

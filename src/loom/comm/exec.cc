@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "loom/comm/reduce.h"
+#include "loom/comm/transport/shm/shared_memory.h"
 #include "loom/core/check.h"
 #include "loom/core/error.h"
 
@@ -136,6 +138,29 @@ void Exec::wait_all() {
 std::byte* Exec::scratch(size_t bytes) {
   if (scratch_.size() < bytes) scratch_.resize(bytes);
   return scratch_.data();
+}
+
+std::byte* Exec::peer_memory(int peer, const PeerBuffer& b, size_t bytes) {
+  LOOM_CHECK(peer != rank_ && peer >= 0 && peer < size_);
+  Pair& p = *pairs_[peer];
+  std::string why;
+  std::byte* mine = p.peer_memory(b, bytes, &why);
+  if (!mine)
+    throw PeerError(PeerError::Kind::kProtocol,
+                    "rank " + std::to_string(p.world_self()) + " cannot reach rank " +
+                        std::to_string(p.world_peer()) + "'s buffer for " + fp_.str() + ": " + why +
+                        " (LOOM_SHARED_ALLREDUCE_MIN=0 turns the shared allreduce off)",
+                    peer);
+  return mine;
+}
+
+PeerBuffer Exec::name_buffer(const void* p, size_t bytes) {
+  PeerBuffer b;
+  b.addr = reinterpret_cast<uintptr_t>(p);
+  b.pid = static_cast<int32_t>(::getpid());
+  shm::SharedRef ref;
+  if (bytes > 0 && shm::shared_find(p, bytes, &ref)) b.id = ref.id, b.fd = ref.fd;
+  return b;
 }
 
 std::vector<int> Exec::busy_peers() const {

@@ -91,6 +91,15 @@ class Exec {
   // A reusable scratch buffer of at least `bytes` (grows; kept by the communicator).
   std::byte* scratch(size_t bytes);
 
+  // `bytes` of peer `peer`'s memory `b` (as that rank named it, e.g. in a message), mapped here
+  // readable and writable; throws PeerError naming both ranks when it cannot be reached.
+  std::byte* peer_memory(int peer, const PeerBuffer& b, size_t bytes);
+  // What peer_memory() needs of our buffer [p, p + bytes) to reach it from another rank.
+  static PeerBuffer name_buffer(const void* p, size_t bytes);
+  // Whether a copy (or out-of-place reduction) of `bytes` in this operation may use
+  // non-temporal stores.
+  bool streams(size_t bytes) const { return streaming_ && bytes >= kStreamingPieceMin; }
+
  private:
   bool copy_some();  // one piece of a background copy; false when none is pending
   [[noreturn]] void timed_out();
@@ -111,9 +120,6 @@ class Exec {
   bool streaming_;  // this operation is large enough to stream (ExecQueues::streaming_min)
   // Copies below this stay plain even in a streaming operation (small pieces, headers).
   static constexpr size_t kStreamingPieceMin = 64 << 10;
-  // Whether a copy (or out-of-place reduction) of `bytes` in this operation may use
-  // non-temporal stores.
-  bool streams(size_t bytes) const { return streaming_ && bytes >= kStreamingPieceMin; }
   // Receives into the scratch buffer are read right back by the algorithm: never streamed.
   bool in_scratch(const void* p) const {
     const auto* b = static_cast<const std::byte*>(p);

@@ -19,6 +19,9 @@ const DoubleTunable kShmAlpha("LOOM_SHM_ALPHA_US", 0.4, "cost-model latency of o
 const DoubleTunable kShmGbps("LOOM_SHM_GBPS", 12.0, "cost-model bandwidth of shm, GB/s");
 const DoubleTunable kTcpAlpha("LOOM_TCP_ALPHA_US", 30.0, "cost-model latency of one TCP step, us");
 const DoubleTunable kTcpGbps("LOOM_TCP_GBPS", 1.7, "cost-model bandwidth of TCP, GB/s");
+const IntTunable kSharedAllreduceMin("LOOM_SHARED_ALLREDUCE_MIN", 1 << 20,
+                                     "allreduces of at least this many bytes on one machine use "
+                                     "the shared algorithm (0: never chosen on its own)");
 const StringTunable kTuningFile("LOOM_TUNING_FILE", "",
                                 "measured algorithm table (loom bench --calibrate FILE) used "
                                 "instead of the cost model where it has the topology and op");
@@ -161,6 +164,16 @@ double predict_us(OpKind op, Algo algo, size_t bytes, const Topology& topo, cons
           return alpha + 0.25 * alpha * (n - 2) + pass * (n - 1) * B * us_per_byte;
         case Algo::kTree:
           return 2.0 * L * alpha + 2.5 * B * us_per_byte;
+        case Algo::kShared: {
+          // Two steps, each a message to every peer; each rank reads n blocks of B/n and
+          // writes them n times in one pass, with no staging copy through the rings (the
+          // 0.75 against ring's 1 for n = 2). Below its minimum the other algorithms' small-
+          // message paths win, and from heap buffers it is ring after a descriptor exchange.
+          const int64_t min = kSharedAllreduceMin.get();
+          if (min <= 0 || B < static_cast<double>(min))
+            return std::numeric_limits<double>::infinity();
+          return 2.0 * alpha * (1 + 0.25 * (n - 2)) + 0.75 * B * us_per_byte;
+        }
         case Algo::kHier: {
           int h = topo.nhosts(), k = topo.max_local();
           double local = 2.0 * (m.shm.alpha_us + (k - 1) * B * 1e-3 / m.shm.gbps);

@@ -68,6 +68,8 @@ const char* algo_name(Algo a) {
       return "rd";
     case Algo::kHier:
       return "hier";
+    case Algo::kShared:
+      return "shared";
     case Algo::kCount:
       break;
   }

@@ -27,7 +27,7 @@ enum class OpKind : uint8_t {
   kCount
 };
 
-enum class Algo : uint8_t { kAuto = 0, kRing, kDirect, kTree, kRd, kHier, kCount };
+enum class Algo : uint8_t { kAuto = 0, kRing, kDirect, kTree, kRd, kHier, kShared, kCount };
 
 const char* op_name(OpKind op);
 const char* reduce_op_name(ReduceOp op);

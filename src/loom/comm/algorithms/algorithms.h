@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "loom/comm/exec.h"
@@ -28,6 +29,9 @@ void allreduce_rd(Exec& x, const void* in, void* out, size_t count);
 void allreduce_direct(Exec& x, const void* in, void* out, size_t count);
 void allreduce_tree(Exec& x, const void* in, void* out, size_t count);
 void allreduce_hier(Exec& x, const void* in, void* out, size_t count);
+void allreduce_shared(Exec& x, const void* in, void* out, size_t count);
+// Shared allreduces this process has run fused, not as ring (tests).
+uint64_t shared_allreduces_fused();
 
 // allgather(v): block r of out = rank r's in; blocks given in bytes. In-place when
 // in == out + blocks.off[rank].

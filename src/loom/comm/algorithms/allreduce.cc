@@ -13,11 +13,20 @@
 // hier    Two levels: reduce to each host's leader over shm, ring allreduce among the
 //         leaders over TCP, broadcast back over shm; in chunks, so that chunk k's local
 //         reduce, chunk k-1's inter-host ring and chunk k-2's local broadcast overlap.
+// shared  One machine, every rank's buffers reachable from every other (each in a shared
+//         buffer, or thread ranks of one process): the ranks name their buffers to each
+//         other, then rank r reduces block r of all n inputs, in rank order, piece by piece
+//         into its own output and copies each piece into the n-1 other outputs; a second
+//         exchange says "done". Each input byte is read once and each output byte written
+//         once (a fused reduce-scatter + allgather), in two steps of latency. Where some
+//         rank's buffer is on the heap of another process, every rank runs ring instead.
 #include <algorithm>
+#include <atomic>
 
 #include "loom/comm/algorithms/algorithms.h"
 #include "loom/comm/algorithms/util.h"
 #include "loom/comm/reduce.h"
+#include "loom/core/tsan.h"
 #include "loom/core/tunable.h"
 
 namespace loom::comm::algo {
@@ -25,6 +34,9 @@ namespace {
 
 const IntTunable kPipelineChunk("LOOM_PIPELINE_CHUNK", 256 << 10,
                                 "chunk bytes for pipelined tree/chain broadcast and reduce");
+const IntTunable kSharedPiece("LOOM_SHARED_ALLREDUCE_PIECE", 64 << 10,
+                              "bytes the shared allreduce reduces before copying them out");
+std::atomic<uint64_t> g_fused{0};
 const IntTunable kHierChunk("LOOM_HIER_CHUNK", 1 << 20,
                             "chunk bytes of the hierarchical pipelines (allreduce, "
                             "reduce_scatter: all blocks together)");
@@ -220,6 +232,79 @@ void allreduce_hier(Exec& x, const void* in, void* out, size_t count) {
     }
     x.wait_all();
   }
+}
+
+uint64_t shared_allreduces_fused() {
+  return g_fused.load(std::memory_order_relaxed);
+}
+
+// Both buffers of one rank, as it names them to the others.
+struct SharedEnds {
+  PeerBuffer in, out;
+};
+
+void allreduce_shared(Exec& x, const void* in, void* out, size_t count) {
+  const int n = x.size(), r = x.rank();
+  const size_t es = x.esize(), bytes = count * es;
+  if (n == 1 || bytes == 0) return copy_bytes(out, in, bytes);
+  // Name our buffers to every rank and learn theirs.
+  std::vector<SharedEnds> ends(n);
+  ends[r] = {Exec::name_buffer(in, bytes), Exec::name_buffer(out, bytes)};
+  tsan_release(in), tsan_release(out);  // what we wrote before the call, for the peers
+  for (int i = 1; i < n; ++i) {
+    x.send(mod(r + i, n), &ends[r], sizeof(SharedEnds));
+    x.recv(mod(r - i, n), &ends[mod(r - i, n)], sizeof(SharedEnds));
+  }
+  x.wait_all();
+  // The same decision on every rank: one process, or every buffer in a shared buffer.
+  bool one_process = true, all_shared = true;
+  for (const SharedEnds& e : ends) {
+    one_process = one_process && e.in.pid == ends[0].in.pid;
+    all_shared = all_shared && e.in.fd >= 0 && e.out.fd >= 0;
+  }
+  if (!one_process && !all_shared) return allreduce_ring(x, in, out, count);
+  g_fused.fetch_add(1, std::memory_order_relaxed);
+
+  std::vector<const std::byte*> ins(n);
+  std::vector<std::byte*> outs(n);
+  for (int q = 0; q < n; ++q) {
+    ins[q] = q == r ? static_cast<const std::byte*>(in) : x.peer_memory(q, ends[q].in, bytes);
+    outs[q] = q == r ? static_cast<std::byte*>(out) : x.peer_memory(q, ends[q].out, bytes);
+    if (q != r) tsan_acquire(ins[q]), tsan_acquire(outs[q]);
+  }
+  const Blocks b = even_blocks(count, n, es);
+  const size_t off = b.off[r], len = b.len[r];
+  const size_t piece =
+      std::max(es, static_cast<size_t>(std::max<int64_t>(kSharedPiece.get(), 64)) / es * es);
+  // Reduce into our own output, unless it is our input (in place) and ranks before ours are
+  // folded in first, which would overwrite it before it is read: then into scratch.
+  const bool in_own_out = !(in == out && r >= 2);
+  std::byte* acc = in_own_out ? nullptr : x.scratch(piece);
+  const DType t = x.dtype();
+  const ReduceOp op = x.redop();
+  for (size_t p = 0; p < len; p += piece) {
+    const size_t o = off + p, l = std::min(piece, len - p), c = l / es;
+    std::byte* dst = in_own_out ? outs[r] + o : acc;
+    reduce_into(dst, ins[0] + o, ins[1] + o, c, t, op);
+    for (int q = 2; q < n; ++q) reduce_into(dst, dst, ins[q] + o, c, t, op);
+    for (int i = in_own_out ? 1 : 0; i < n; ++i) {  // staggered: rank r+1 first
+      const int q = mod(r + i, n);
+      if (q != r && x.streams(len))
+        copy_streaming(outs[q] + o, dst, l);
+      else
+        copy_bytes(outs[q] + o, dst, l);
+    }
+  }
+  // Done: our block is in every output and we read no input any more.
+  for (int q = 0; q < n; ++q)
+    if (q != r) tsan_release(ins[q] + off), tsan_release(outs[q] + off);
+  for (int i = 1; i < n; ++i) {
+    x.send(mod(r + i, n), nullptr, 0);
+    x.recv(mod(r - i, n), nullptr, 0);
+  }
+  x.wait_all();
+  for (int q = 0; q < n; ++q)
+    if (q != r) tsan_acquire(at(in, b.off[q])), tsan_acquire(at(out, b.off[q]));
 }
 
 }  // namespace loom::comm::algo

@@ -11,6 +11,9 @@ bool pow2_ranks(const Topology& t) {
 bool hierarchical(const Topology& t) {
   return t.hierarchical();
 }
+bool one_machine(const Topology& t) {
+  return t.all_shm();
+}
 
 using A = const CollArgs&;
 constexpr std::array kTable{
@@ -25,6 +28,8 @@ constexpr std::array kTable{
             [](Exec& x, A a) { allreduce_tree(x, a.in, a.out, a.count); }, nullptr},
     AlgoRow{OpKind::kAllreduce, Algo::kHier,
             [](Exec& x, A a) { allreduce_hier(x, a.in, a.out, a.count); }, hierarchical},
+    AlgoRow{OpKind::kAllreduce, Algo::kShared,
+            [](Exec& x, A a) { allreduce_shared(x, a.in, a.out, a.count); }, one_machine},
     // allgather(v): block r of out = rank r's in
     AlgoRow{OpKind::kAllgather, Algo::kRing,
             [](Exec& x, A a) { allgather_ring(x, a.in, a.out, *a.blocks); }, nullptr},

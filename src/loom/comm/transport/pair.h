@@ -96,6 +96,16 @@ struct RecvReq {
   bool done = false;
 };
 
+// Where a buffer lies in the process of the rank that owns it, as that rank names it to a peer
+// (Exec::peer_memory): its address there, and the shared buffer it lies in (buffer id, memfd
+// number) if any; fd < 0 when it lies in no shared buffer.
+struct PeerBuffer {
+  uint64_t addr = 0;
+  uint64_t id = 0;
+  int32_t fd = -1;
+  int32_t pid = 0;
+};
+
 class Pair {
  public:
   Pair(int self, int peer) : self_(self), peer_(peer), world_self_(self), world_peer_(peer) {}
@@ -135,6 +145,14 @@ class Pair {
   // With no receive posted: the header of the next incoming message, if it has arrived,
   // without consuming it (how a receive from any source finds its sender).
   virtual bool peek(FrameHeader* h) = 0;
+  // Our address of `bytes` of the peer's memory `b`, readable and writable (a collective that
+  // reads and writes its peers' shared buffers itself, algorithms/allreduce.cc); nullptr with
+  // the reason in *why when this transport cannot reach the peer's memory.
+  virtual std::byte* peer_memory(const PeerBuffer& b, size_t bytes, std::string* why) {
+    (void)b, (void)bytes;
+    *why = std::string(kind()) + " cannot reach a peer's memory";
+    return nullptr;
+  }
   // Drops queued requests (after an error, before their buffers go away).
   void cancel_all() {
     stop_io();

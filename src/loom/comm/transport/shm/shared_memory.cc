@@ -180,30 +180,31 @@ void PeerMappings::drop_released() {
   }
 }
 
-const std::byte* PeerMappings::translate(int pid, const SharedRef& ref, uint64_t remote,
-                                         size_t bytes, std::string* why) {
+std::byte* PeerMappings::translate(int pid, const SharedRef& ref, uint64_t remote, size_t bytes,
+                                   std::string* why, bool writable) {
   auto it = maps_.find(ref.id);
   if (it != maps_.end() &&
-      std::atomic_ref<uint32_t>(static_cast<Header*>(it->second.base)->released)
-          .load(std::memory_order_acquire)) {
-    ::munmap(it->second.base, it->second.size);  // freed since: never read it again
-    maps_.erase(it);
+      (std::atomic_ref<uint32_t>(static_cast<Header*>(it->second.base)->released)
+           .load(std::memory_order_acquire) ||
+       (writable && !it->second.writable))) {
+    ::munmap(it->second.base, it->second.size);  // freed since (never read it again), or
+    maps_.erase(it);                             // read only where a write is asked for
     it = maps_.end();
   }
   if (it == maps_.end()) {
     drop_released();
     size_t size = 0;
-    void* base = map_whole(pid, ref, PROT_READ, &size, why);  // read only
+    void* base = map_whole(pid, ref, writable ? PROT_READ | PROT_WRITE : PROT_READ, &size, why);
     if (!base) return nullptr;
     auto* h = static_cast<const Header*>(base);
-    it = maps_.emplace(ref.id, Map{base, size, h->data, h->bytes}).first;
+    it = maps_.emplace(ref.id, Map{base, size, h->data, h->bytes, writable}).first;
   }
   const Map& m = it->second;
   if (remote < m.data || remote - m.data > m.bytes || bytes > m.bytes - (remote - m.data)) {
     *why = "the message lies outside the shared buffer it names";
     return nullptr;
   }
-  return static_cast<const std::byte*>(m.base) + kHeader + (remote - m.data);
+  return static_cast<std::byte*>(m.base) + kHeader + (remote - m.data);
 }
 
 }  // namespace loom::comm::shm

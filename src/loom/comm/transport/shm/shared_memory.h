@@ -46,9 +46,10 @@ class PeerMappings {
   PeerMappings& operator=(const PeerMappings&) = delete;
   ~PeerMappings();
   // Our address of [remote, remote + bytes) in process `pid`'s buffer `ref`, mapped on
-  // first use; nullptr with the reason in *why when it cannot be.
-  const std::byte* translate(int pid, const SharedRef& ref, uint64_t remote, size_t bytes,
-                             std::string* why);
+  // first use (read only, or read and write: a read-only mapping is replaced by a writable
+  // one when asked for); nullptr with the reason in *why when it cannot be.
+  std::byte* translate(int pid, const SharedRef& ref, uint64_t remote, size_t bytes,
+                       std::string* why, bool writable = false);
   size_t mapped() const { return maps_.size(); }
 
  private:
@@ -57,6 +58,7 @@ class PeerMappings {
     size_t size;
     uint64_t data;  // where the data starts in the owner
     uint64_t bytes;
+    bool writable;
   };
   void drop_released();
   std::unordered_map<uint64_t, Map> maps_;  // by buffer id

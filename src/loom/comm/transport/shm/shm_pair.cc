@@ -15,13 +15,10 @@
 #include <mutex>
 #include <random>
 
-#if defined(__SANITIZE_THREAD__)
-#include <sanitizer/tsan_interface.h>
-#endif
-
 #include "loom/core/check.h"
 #include "loom/core/error.h"
 #include "loom/core/log.h"
+#include "loom/core/tsan.h"
 #include "loom/core/tunable.h"
 
 namespace loom::comm {
@@ -110,24 +107,6 @@ inline uint64_t load_acquire(uint64_t* p) {
 inline void store_release(uint64_t* p, uint64_t v) {
   std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release);
 }
-// Thread ranks map each pair's segment twice (once per side), so ThreadSanitizer, which
-// tracks synchronisation by address, cannot see that the tail and ack counters order a
-// buffer read in place: tell it, keyed by the buffer's address (no code otherwise).
-inline void tsan_release(const void* p) {
-#if defined(__SANITIZE_THREAD__)
-  __tsan_release(const_cast<void*>(p));
-#else
-  (void)p;
-#endif
-}
-inline void tsan_acquire(const void* p) {
-#if defined(__SANITIZE_THREAD__)
-  __tsan_acquire(const_cast<void*>(p));
-#else
-  (void)p;
-#endif
-}
-
 // A header slot's last word is its stamp: the sender stores it (release) after the rest of
 // the slot, so a receiver waiting at a frame boundary polls the one line that also holds the
 // header (and an inline payload) instead of the tail's line first and the slot's second —
@@ -608,6 +587,15 @@ bool ShmPair::progress_recv() {
     }
   }
   return moved;
+}
+
+std::byte* ShmPair::peer_memory(const PeerBuffer& b, size_t bytes, std::string* why) {
+  if (b.pid == ::getpid()) return reinterpret_cast<std::byte*>(b.addr);  // a thread rank
+  if (b.fd < 0) {
+    *why = "the buffer lies in no shared buffer of its process";
+    return nullptr;
+  }
+  return peer_buffers_.translate(b.pid, {b.id, b.fd}, b.addr, bytes, why, true);
 }
 
 // Our address of the shared buffer of another process that an in-place frame names.

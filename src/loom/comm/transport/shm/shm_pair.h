@@ -55,6 +55,9 @@ class ShmPair : public Pair {
   void sleep_until_peer(int max_us) override;
   const char* kind() const override { return "shm"; }
   bool peek(FrameHeader* h) override;
+  // A thread rank's buffer at its own address, another process's through our mapping of the
+  // shared buffer it lies in (mapped writable on first use, kept like the read-only ones).
+  std::byte* peer_memory(const PeerBuffer& b, size_t bytes, std::string* why) override;
 
  protected:
   void revoke() override;
