@@ -27,8 +27,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
         $flag --json - | grep '"inplace":false' |
         sed "s/^{/{\"peer\":\"loom-$mode\",\"round\":$round,/" >> "$out/results.jsonl"
     done
-    mpirun --allow-run-as-root --oversubscribe -np "$n" build/peers/mpi_bench "$MIN" "$MAX" 4 \
-      "$ITERS" allgather | sed "s/^{/{\"round\":$round,/" >> "$out/results.jsonl"
+    mpi_peer "$round" "$n" allgather
     probe "after-r$round" "$n"
   done
 done

@@ -24,8 +24,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
           $flag --json - | sed "s/^{/{\"peer\":\"loom-$mode\",\"round\":$round,/" >> "$out/results.jsonl"
       done
     done
-    mpirun --allow-run-as-root --oversubscribe -np "$n" build/peers/mpi_bench "$MIN" "$MAX" 4 \
-      "$ITERS" | sed "s/^{/{\"round\":$round,/" >> "$out/results.jsonl"
+    mpi_peer "$round" "$n"
     probe "after-r$round" "$n"
   done
 done

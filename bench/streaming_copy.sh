@@ -26,8 +26,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
       done
     done
   done
-  mpirun --allow-run-as-root --oversubscribe -np 2 build/peers/mpi_bench "$MIN" "$MAX" 4 \
-    "$ITERS" | sed "s/^{/{\"round\":$round,/" >> "$out/results.jsonl"
+  mpi_peer "$round" 2
 done
 probe after 2
 /usr/bin/python3 bench/streaming_copy_table.py "$out"
