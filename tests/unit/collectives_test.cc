@@ -289,12 +289,17 @@ TEST(StreamingCopies, ReductionsStreamOutOfPlaceOnly) {
 
 // A send the thread is writing when its deadline passes (the receiver never receives, and
 // 64 MiB do not fit the sockets' buffers): the send fails with the timeout, and the thread
-// lets go of the buffer, which is freed at once (ASan would see a later read).
+// lets go of the buffer, which is freed at once (ASan would see a later read). The receiver
+// stays connected until the sender has seen its send fail (a fixed sleep was too short under
+// ThreadSanitizer, where filling the 64 MiB alone can take longer: a broken pipe instead).
 TEST(TcpSendThread, ATimedOutSendLetsGoOfItsBuffer) {
   ::setenv("LOOM_TCP_SEND_THREAD", "1", 1);
+  std::atomic<bool> send_ended{false};
   run_ranks(2, Layout::kTcp, "sendthread-timeout", [&](Communicator& c) {
     if (c.rank() == 1) {  // receives nothing, and stays connected meanwhile
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (!send_ended.load() && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
       return;
     }
     auto buf = std::make_unique<std::vector<std::byte>>(64 << 20, std::byte{1});
@@ -304,6 +309,7 @@ TEST(TcpSendThread, ATimedOutSendLetsGoOfItsBuffer) {
     } catch (const PeerError& e) {
       EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
     }
+    send_ended = true;
     buf.reset();
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   });
