@@ -94,9 +94,16 @@ void binomial_reduce_inplace(Exec& x, void* work, size_t bytes, int root) {
   x.wait_all();
 }
 
-size_t pipeline_chunk(size_t esize) {
-  size_t c = static_cast<size_t>(std::max<int64_t>(kPipelineChunk.get(), 64));
+namespace {
+// A byte-count tunable (at least 64) rounded down to whole elements, one at least.
+size_t whole_elements(const IntTunable& bytes, size_t esize) {
+  const size_t c = static_cast<size_t>(std::max<int64_t>(bytes.get(), 64));
   return std::max(esize, c / esize * esize);
+}
+}  // namespace
+
+size_t pipeline_chunk(size_t esize) {
+  return whole_elements(kPipelineChunk, esize);
 }
 
 void allreduce_ring(Exec& x, const void* in, void* out, size_t count) {
@@ -274,8 +281,7 @@ void allreduce_shared(Exec& x, const void* in, void* out, size_t count) {
   }
   const Blocks b = even_blocks(count, n, es);
   const size_t off = b.off[r], len = b.len[r];
-  const size_t piece =
-      std::max(es, static_cast<size_t>(std::max<int64_t>(kSharedPiece.get(), 64)) / es * es);
+  const size_t piece = whole_elements(kSharedPiece, es);
   // Reduce into our own output, unless it is our input (in place) and ranks before ours are
   // folded in first, which would overwrite it before it is read: then into scratch.
   const bool in_own_out = !(in == out && r >= 2);
