@@ -2,14 +2,18 @@
 // against published results, each printed with its inputs and error:
 //   - Megatron-LM (Narayanan et al. 2021, Table 1: GPT 1.7 B ... 1 T on 32 ... 3072 A100, seq
 //     2048, vocabulary 51,200, full recompute; and GPT-3 175 B with t 8, p 16 on 1024 A100,
-//     batch 1536, ~138 TFLOP/s per GPU): achieved TFLOP/s per GPU within 15%, errors of both
-//     signs (the goal, ±10% on every row, is met by 8 of 11: docs/perf.md);
+//     batch 1536, ~138 TFLOP/s per GPU): achieved TFLOP/s per GPU within 10% on every Table 1
+//     row, errors of both signs; GPT-3 within 15% (+12.7%: the goal, ±10%, is not met for it:
+//     docs/perf.md);
 //   - ZeRO (Rajbhandari et al. 2020, Figure 1: 7.5 B parameters on 64 GPUs, Adam in mixed
 //     precision): 120 GB per GPU unsharded, 31.4 GB with P_os, 16.6 GB with P_os+g, 1.9 GB with
 //     P_os+g+p — exact to the paper's rounding (0.05 GB);
 //   - llm.c (Karpathy 2024, GPT-2 124M on one 8 x A100 80GB SXM node: 10 B tokens in ~90
-//     minutes at 524,288 tokens per step = 19,073 steps, ~283 ms per step) within 15% (llm.c
-//     fuses kernels the planner's Megatron-style layer keeps apart: it is predicted slower).
+//     minutes at 524,288 tokens per step = 19,073 steps, ~283 ms per step) within 10%, with
+//     llm.c's kernels: no dropout, the residual add fused into the LayerNorm, GeLU in the
+//     product's epilogue;
+//   - Korthikanti et al. 2022 (530B on 2,240 A100: full vs selective recomputation) and
+//     MT-NLG (Smith et al. 2022: 530B at three cluster sizes), below.
 // Assumed where the papers are silent: micro-batch 1 and the 1F1B schedule for Megatron,
 // gradients reduced in 16 bits after the backward; llm.c: micro-batch 64, ZeRO-1, cuDNN
 // flash attention, no recompute.
@@ -62,7 +66,7 @@ struct Published {
   double tflops;  // achieved per GPU
 };
 
-TEST(Plan, MegatronTableWithin15PercentBothSigns) {
+TEST(Plan, MegatronTableWithin10PercentBothSigns) {
   const Published rows[] = {
       {1.7, 24, 2304, 24, 1, 1, 32, 512, 137},
       {3.6, 32, 3072, 30, 2, 1, 64, 512, 138},
@@ -94,7 +98,8 @@ TEST(Plan, MegatronTableWithin15PercentBothSigns) {
         "bubble %.2f, tp %.2f, pp %.2f, dp %.2f, optimizer %.3f)\n",
         r.billions, r.t, r.p, l.dp, r.batch, r.tflops, p.tflops_per_device, 100 * err, p.step_s(),
         p.compute, p.bubble, p.tp_comm, p.pp_comm, p.dp_comm, p.optimizer_s);
-    EXPECT_LT(std::abs(err), 0.15) << r.billions << "B";
+    const bool gpt3 = r.layers == 96 && r.hidden == 12288;
+    EXPECT_LT(std::abs(err), gpt3 ? 0.15 : 0.10) << r.billions << "B";
     (err < 0 ? below : above) += 1;
     within10 += std::abs(err) < 0.10;
   }
@@ -131,7 +136,7 @@ TEST(Plan, ZeroMemoryPerParameter) {
 
 TEST(Plan, LlmcGpt2SmallOn8A100) {
   ModelShape m = gpt(12, 768, 12, 1024, 50304);
-  m.name = "gpt2-124m", m.flash_attention = true;
+  m.name = "gpt2-124m", m.flash_attention = true, m.dropout = false, m.fused_elementwise = true;
   Cluster c;
   c.per_node = 8, c.device = gpu_device("a100-80");
   Layout l;
@@ -144,7 +149,7 @@ TEST(Plan, LlmcGpt2SmallOn8A100) {
       "predicted %.0f ms (%+.1f%%): compute %.0f, dp %.1f, optimizer %.1f ms\n",
       published_s * 1e3, p.step_s() * 1e3, 100 * err, p.compute * 1e3, p.dp_comm * 1e3,
       p.optimizer_s * 1e3);
-  EXPECT_LT(std::abs(err), 0.15);
+  EXPECT_LT(std::abs(err), 0.10);
 }
 
 // GPT-3 175B's shape on 128 x 8 A100 80GB, batch 1536: every layout, best first (computed
@@ -197,7 +202,7 @@ TEST(Plan, ExplainSumsToTheTotal) {
 // the bound, so the difference lies in the terms a layout changes (recompute, bubble,
 // communication), printed largest first.
 TEST(Plan, FirstChoiceAgainstThePublishedGpt3Layout) {
-  constexpr double kBound = 0.15;  // MegatronTableWithin15PercentBothSigns's
+  constexpr double kBound = 0.15;  // the GPT-3 row's in MegatronTableWithin10PercentBothSigns
   const ModelShape m = gpt(96, 12288, 96);
   Cluster c;
   c.per_node = 8, c.nodes = 128, c.device = gpu_device("a100-80");
@@ -258,6 +263,76 @@ TEST(Plan, EnumerationFitsAndRanks) {
     }
   }
   for (const auto& p : all) EXPECT_EQ(p.layout.dp * p.layout.tp * p.layout.pp, 8);
+}
+
+// Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"
+// (MLSys 2023), abstract: a 530B GPT-3-style model (105 layers, hidden 20480, 128 heads,
+// sequence 2048, vocabulary 51,200) on 2,240 A100s reaches a model FLOPs utilisation of
+// 54.2% with sequence parallelism and selective recomputation, 42.1% with full
+// recomputation ("29% faster"). Its layout is the paper's 530B one (t 8, p 35) with 8
+// replicas. Assumed where the abstract is silent: the paper's batch of one sequence per GPU
+// (2,240: 280 microbatches of 1 per pipeline), 1F1B, gradients reduced after the backward.
+// Each within 10%, and selective recomputation predicted faster than full recomputation.
+TEST(Plan, SelectiveRecomputationOn2240A100) {
+  const ModelShape m = gpt(105, 20480, 128);
+  Cluster c;
+  c.per_node = 8, c.nodes = 280, c.device = gpu_device("a100-80");
+  double step[2];
+  for (int selective = 0; selective <= 1; ++selective) {
+    Layout l;
+    l.tp = 8, l.pp = 35, l.dp = 8, l.micro_batch = 1, l.microbatches = 280;
+    l.recompute = !selective, l.recompute_attention = selective, l.sequence_parallel = selective;
+    const Prediction p = predict(m, c, l, 2240);
+    const double mfu = m.step_flops(2240, false) / p.step_s() / c.world() / 312e12;
+    const double published = selective ? 0.542 : 0.421;
+    const double err = (mfu - published) / published;
+    std::printf("530B on 2,240 A100, %s: MFU published %.1f%%, predicted %.1f%% (%+.1f%%)\n%s",
+                selective ? "sequence parallel + selective recomputation" : "full recomputation",
+                100 * published, 100 * mfu, 100 * err, explain(p).c_str());
+    EXPECT_LT(std::abs(err), 0.10);
+    step[selective] = p.step_s();
+  }
+  std::printf("selective recomputation: %.2fx faster (published 1.29x)\n", step[0] / step[1]);
+  EXPECT_GT(step[0] / step[1], 1.0);
+}
+
+// Smith et al., "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B" (2022),
+// section 2.4: the 530B model (105 layers, hidden 20480, 128 heads, sequence 2048) at batch
+// 1920 on 280, 350 and 420 DGX A100 servers (t 8, p 35, d 8/10/12; full recomputation,
+// ZeRO-1 data parallelism, DeepSpeed's 1F1B pipeline) took 60.1, 50.2 and 44.4 s per step:
+// 126, 121 and 113 TFLOP/s per GPU by Megatron's formula (recompute counted). A strong-
+// scaling anchor of another software stack: the planner models Megatron-LM's kernels and
+// communication, and predicts these runs 34-41% faster than they were (docs/perf.md: not
+// met, and not explained by any term it has); what it is held to is the scaling — per-GPU
+// throughput falls as the same batch spreads over more replicas (fewer microbatches per
+// pipeline, the same fill and drain), the largest cluster's against the smallest's within
+// 10% of the published ratio.
+TEST(Plan, MtNlgStrongScaling) {
+  const ModelShape m = gpt(105, 20480, 128);
+  const int servers[] = {280, 350, 420};
+  const double published[] = {126, 121, 113};
+  double tf[3];
+  for (int k = 0; k < 3; ++k) {
+    Cluster c;
+    c.per_node = 8, c.nodes = servers[k], c.device = gpu_device("a100-80");
+    Layout l;
+    l.tp = 8, l.pp = 35, l.dp = servers[k] / 35, l.zero = 1, l.micro_batch = 1;
+    l.microbatches = 1920 / l.dp, l.recompute = true;
+    const Prediction p = predict(m, c, l, 1920);
+    tf[k] = p.tflops_per_device;
+    std::printf(
+        "MT-NLG 530B on %d GPUs (d %d, %d microbatches): published %.0f TF, predicted "
+        "%.1f TF (%+.1f%%; step %.1f s: bubble %.1f s)\n",
+        c.world(), l.dp, l.microbatches, published[k], tf[k],
+        100 * (tf[k] - published[k]) / published[k], p.step_s(), p.bubble);
+    if (k > 0) {
+      EXPECT_LT(tf[k], tf[k - 1]) << "more replicas, fewer microbatches: slower per GPU";
+    }
+  }
+  const double ratio = tf[2] / tf[0], published_ratio = published[2] / published[0];
+  std::printf("420 vs 280 servers, per GPU: published %.3f, predicted %.3f\n", published_ratio,
+              ratio);
+  EXPECT_LT(std::abs(ratio - published_ratio) / published_ratio, 0.10);
 }
 
 }  // namespace

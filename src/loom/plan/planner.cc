@@ -57,33 +57,49 @@ double op_s(const Device& d, const GpuOp& op) {
   return f + m;
 }
 
+// The attention core of one layer's forward on one tensor-parallel rank: Q K^T, softmax,
+// dropout and the product with V — or one fused kernel with flash attention. Selective
+// recomputation (Korthikanti et al.) runs these again in the backward.
+std::vector<GpuOp> attention_ops(double b, double s, double h, double a, int t,
+                                 const ModelShape& m) {
+  const double e = 2, N = b * s, hs = h / t, scores = b * (a / t) * s * s;
+  if (m.flash_attention) return {{4 * b * s * s * hs, e * 4 * N * hs, true}};
+  std::vector<GpuOp> ops = {{2 * b * s * s * hs, e * (2 * N * hs + scores), true},  // Q K^T
+                            {5 * scores, e * 2 * scores, false}};                   // softmax
+  if (m.dropout) ops.push_back({2 * scores, (2 * e + 1) * scores, false});          // dropout
+  ops.push_back({2 * b * s * s * hs, e * (scores + 2 * N * hs), true});             // x V
+  return ops;
+}
+
 // One transformer layer's forward operations on one tensor-parallel rank, 16-bit values
 // (Megatron-LM's layer: LayerNorm, QKV, attention, projection, dropout + residual,
 // LayerNorm, MLP with GeLU, dropout + residual); with sequence parallelism the norms,
 // dropouts and residuals see 1/t of the tokens. FLOPs of elementwise work per element:
 // LayerNorm 7, softmax 5, GeLU 8, dropout 2, residual 1 (they are memory-bound anyway).
-std::vector<GpuOp> layer_ops(double b, double s, double h, double a, int t, bool sp, bool flash) {
-  const double e = 2, N = b * s, hs = h / t, rows = sp ? N / t : N, heads = a / t;
-  const double scores = b * heads * s * s;
+// Without dropout (GPT-2 reproductions such as llm.c) those passes and the mask's bytes
+// go; with fused elementwise kernels (llm.c: the residual add inside the next LayerNorm's
+// kernel, GeLU in the MLP product's cuBLASLt epilogue) the LayerNorm does not read its
+// input back (the fused kernel writes the sum and the normalised values: 4 passes instead
+// of 5) and GeLU writes its output beside the product's instead of reading it back.
+std::vector<GpuOp> layer_ops(double b, double s, double h, double a, int t, bool sp,
+                             const ModelShape& m) {
+  const double e = 2, N = b * s, hs = h / t, rows = sp ? N / t : N;
+  const double drop = m.dropout ? 1 : 0;  // the dropout pass and its 1-byte mask
+  const double norm_bytes = e * (m.fused_elementwise ? 1 : 2) * rows * h;
+  const double residual = (2 * drop + 1) * rows * h, residual_bytes = (3 * e + drop) * rows * h;
   std::vector<GpuOp> ops = {
-      {7 * rows * h, e * 2 * rows * h, false},                             // LayerNorm 1
+      {7 * rows * h, norm_bytes, false},                                   // LayerNorm 1
       {2 * N * h * 3 * hs, e * (N * h + h * 3 * hs + N * 3 * hs), true}};  // QKV
-  if (flash) {
-    ops.push_back({4 * b * s * s * hs, e * 4 * N * hs, true});  // fused attention
-  } else {
-    ops.push_back({2 * b * s * s * hs, e * (2 * N * hs + scores), true});  // Q K^T
-    ops.push_back({5 * scores, e * 2 * scores, false});                    // softmax
-    ops.push_back({2 * scores, (2 * e + 1) * scores, false});              // dropout
-    ops.push_back({2 * b * s * s * hs, e * (scores + 2 * N * hs), true});  // x V
-  }
+  const std::vector<GpuOp> core = attention_ops(b, s, h, a, t, m);
+  ops.insert(ops.end(), core.begin(), core.end());
   const std::vector<GpuOp> rest = {
       {2 * N * hs * h, e * (N * hs + hs * h + N * h), true},              // projection
-      {3 * rows * h, (3 * e + 1) * rows * h, false},                      // dropout + residual
-      {7 * rows * h, e * 2 * rows * h, false},                            // LayerNorm 2
+      {residual, residual_bytes, false},                                  // dropout + residual
+      {7 * rows * h, norm_bytes, false},                                  // LayerNorm 2
       {2 * N * h * 4 * hs, e * (N * h + 4 * h * hs + 4 * N * hs), true},  // MLP up
-      {8 * 4 * N * hs, e * 2 * 4 * N * hs, false},                        // GeLU
-      {2 * N * 4 * hs * h, e * (4 * N * hs + 4 * hs * h + N * h), true},  // MLP down
-      {3 * rows * h, (3 * e + 1) * rows * h, false}};                     // dropout + residual
+      {8 * 4 * N * hs, e * (m.fused_elementwise ? 1 : 2) * 4 * N * hs, false},  // GeLU
+      {2 * N * 4 * hs * h, e * (4 * N * hs + 4 * hs * h + N * h), true},        // MLP down
+      {residual, residual_bytes, false}};  // dropout + residual
   ops.insert(ops.end(), rest.begin(), rest.end());
   return ops;
 }
@@ -142,6 +158,7 @@ std::string Layout::describe() const {
   if (pp > 1)
     o << " " << schedule << (virtual_stages > 1 ? "/v" + std::to_string(virtual_stages) : "");
   if (recompute) o << " recompute";
+  if (recompute_attention && !recompute) o << " recompute-attention";
   if (sequence_parallel) o << " sp";
   if (offload != "none") o << " offload " << offload;
   return o.str();
@@ -203,7 +220,10 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
     layer_kept = 4 * s * b * h / (l.sequence_parallel ? t : 1);
     head_act = 4 * b * s * m.vocab / t + 4 * 3 * b * s * h;
   } else {  // Korthikanti et al., 16-bit
-    const double scores = m.flash_attention ? 0 : 5 * a * s / h;
+    // the s x s scores, softmax and dropout mask: not kept with flash attention or when
+    // selective recomputation runs the attention core again
+    const double scores =
+        m.flash_attention || (l.recompute_attention && !l.recompute) ? 0 : 5 * a * s / h;
     layer_act = l.sequence_parallel ? s * b * h / t * (34 + scores)
                                     : s * b * h * (10 + 24.0 / t + scores / t);
     if (t == 1) layer_act = s * b * h * (34 + scores);
@@ -243,16 +263,19 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   // (B = 2F), and a recomputed layer runs the forward once more (`recompute_layer_s`; the
   // CPU's measured block has it).
   const double layer_fwd_s =
-      d.cpu
-          ? 0.0
-          : forward_s(d, layer_ops(b, s, h, a, t, l.sequence_parallel && t > 1, m.flash_attention));
+      d.cpu ? 0.0 : forward_s(d, layer_ops(b, s, h, a, t, l.sequence_parallel && t > 1, m));
   const double ends_fwd_s =
       d.cpu ? 0.0 : forward_s(d, ends_ops(b, s, h, m.vocab, t, l.sequence_parallel && t > 1));
   auto layer_s = [&](double share) {
     if (d.cpu) return mix(cpu->block_s, cpu->block_busy_s, share);
     return 3 * layer_fwd_s;
   };
-  const double recompute_layer_s = !d.cpu && l.recompute ? layer_fwd_s : 0.0;
+  const bool selective = !d.cpu && l.recompute_attention && !l.recompute;
+  const double recompute_layer_s =
+      d.cpu ? 0.0
+            : (l.recompute ? layer_fwd_s
+               : selective ? forward_s(d, attention_ops(b, s, h, a, t, m))
+                           : 0.0);
   auto head_s = [&](double share) {
     if (d.cpu) return mix(cpu->ends_s, cpu->ends_busy_s, share);
     return 3 * ends_fwd_s;
@@ -383,7 +406,12 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   }
   const double gbytes = psi_max * value_bytes;
   const bool cross = c.nodes > 1;
-  const double link = d.cpu ? cpu->shm_gbps : (cross ? ib : nvlink);
+  // Across machines the group's k ranks on a machine (dp is the outermost dimension: a
+  // machine holds per_node / (t p) of them) each reach the network through their own HCA
+  // (DGX A100/H100: one per GPU), and NCCL builds one ring per NIC, each carrying 1/k of the
+  // data: k x a NIC's bandwidth, up to NVLink's, which every ring also crosses.
+  const int rails = std::clamp(c.per_node / std::max(1, t * P), 1, S);
+  const double link = d.cpu ? cpu->shm_gbps : (cross ? std::min(rails * ib, nvlink) : nvlink);
   const double alpha =
       d.cpu ? cpu->shm_alpha_us : (cross ? kInfinibandLatencyUs : kNvlinkLatencyUs);
   // Each term's passes over the data-parallel group, in bytes: the gradients' reduction

@@ -45,9 +45,11 @@ Device gpu_device(const std::string& name);
 struct ModelShape {
   std::string name;
   int layers = 0, hidden = 0, heads = 0, vocab = 0 /* padded */, seq = 0, max_seq = 0;
-  int vocab_size = 0;            // unpadded (0: the padded one)
-  bool flash_attention = false;  // no s x s scores kept or moved (cuDNN/FlashAttention)
-  double params() const;         // the whole model's (tied head)
+  int vocab_size = 0;              // unpadded (0: the padded one)
+  bool flash_attention = false;    // no s x s scores kept or moved (cuDNN/FlashAttention)
+  bool dropout = true;             // Megatron's GPT: 0.1 after attention and each branch
+  bool fused_elementwise = false;  // residual + LayerNorm and GeLU fused (llm.c)
+  double params() const;           // the whole model's (tied head)
   // Megatron's model FLOPs of one step of `batch` sequences with full recompute when
   // `recompute`: 72 B s l h^2 (1 + s/6h + V/(12 l h)) x (4/3 with recompute), as in
   // Narayanan et al. (2021) eq. 3.
@@ -64,6 +66,11 @@ struct Layout {
   int dp = 1, tp = 1, pp = 1, zero = 0, micro_batch = 1, microbatches = 1, virtual_stages = 1;
   std::string schedule = "1f1b";  // pipelines: gpipe, 1f1b, interleaved, zb-h1
   bool recompute = false, sequence_parallel = false;
+  // Selective recomputation (Korthikanti et al. 2022): only the attention core (Q K^T,
+  // softmax, dropout, x V) runs again in the backward and only its s x s scores are not
+  // kept. GPU predictions of published runs; loom's CPU path recomputes whole blocks, so
+  // `loom plan` does not offer it. Ignored with `recompute`.
+  bool recompute_attention = false;
   std::string offload = "none";  // none, optimizer (zero.offload = disk)
   std::string describe() const;
 };
