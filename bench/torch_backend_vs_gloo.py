@@ -3,7 +3,10 @@
 
   * all_reduce, all_gather_into_tensor (gloo: all_gather into a list; it has no
     _allgather_base), reduce_scatter_tensor (gloo has none: loom only) at 2 and 4
-    processes, 4 KiB - 256 MiB, float32: median time -> busbw (nccl-tests' definitions:
+    processes, 4 KiB - 256 MiB, float32, with loom twice: tensors on the heap (torch's
+    allocator) and in loom's shared memory (loom_torch.use_shared_memory() before they are
+    allocated); --rounds R interleaves R rounds of the three and takes each row's median;
+    median time -> busbw (nccl-tests' definitions:
     allreduce 2(n-1)/n x bytes / t; allgather and reduce-scatter (n-1)/n x bytes / t, bytes
     being the whole gathered / scattered buffer);
   * DDP step time of a small GPT (bench/train_vs_pytorch.py's model) over each backend.
@@ -31,8 +34,11 @@ def parse_size(s):
 def worker(backend, rank, world, port, sizes, out):
     import torch
     import torch.distributed as dist
-    if backend == "loom":
-        import loom_torch  # noqa: F401
+    if backend.startswith("loom"):
+        import loom_torch
+        if backend == "loom-shm":
+            loom_torch.use_shared_memory()
+        backend = "loom"
     torch.set_num_threads(1)
     dist.init_process_group(backend, init_method="tcp://127.0.0.1:%d" % port, rank=rank,
                             world_size=world)
@@ -74,8 +80,11 @@ def worker(backend, rank, world, port, sizes, out):
 def ddp_worker(backend, rank, world, port, steps, out):
     import torch
     import torch.distributed as dist
-    if backend == "loom":
-        import loom_torch  # noqa: F401
+    if backend.startswith("loom"):
+        import loom_torch
+        if backend == "loom-shm":  # before the model: parameters and DDP's buckets shared
+            loom_torch.use_shared_memory()
+        backend = "loom"
     sys.path.insert(0, HERE)
     from train_vs_pytorch import SHAPES, V, make_gpt
     torch.set_num_threads(1)
@@ -126,31 +135,41 @@ def main():
     ap.add_argument("--max", default="256M")
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--ddp-steps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()
     sizes, s = [], parse_size(a.min)
     while s <= parse_size(a.max):
         sizes.append(s)
         s *= 4
     size_arg = ",".join(map(str, sizes))
-    print("| procs | op | size | gloo busbw GB/s | loom busbw GB/s | loom / gloo |")
-    print("|---|---|---|---|---|---|")
+    print("| procs | op | size | gloo busbw GB/s | loom (heap) | loom / gloo | "
+          "loom (shared memory) | loom / gloo |")
+    print("|---|---|---|---|---|---|---|---|")
+    backends = ("gloo", "loom", "loom-shm")
     for world in [int(w) for w in a.worlds.split(",")]:
-        res = {b: {(op, n): t for op, n, t in spawn([b, size_arg], world)}
-               for b in ("gloo", "loom")}
+        times = {b: {} for b in backends}
+        for _ in range(a.rounds):  # interleaved: each round runs the three one after another
+            for b in backends:
+                for op, n, t in spawn([b, size_arg], world):
+                    times[b].setdefault((op, n), []).append(t)
+        res = {b: {k: statistics.median(v) for k, v in times[b].items()} for b in backends}
         for op in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"):
             for n in sizes:
                 factor = 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
                 bw = {b: factor * n / res[b][(op, n)] / 1e9 if (op, n) in res[b] else None
                       for b in res}
                 g = "%.2f" % bw["gloo"] if bw["gloo"] else "not supported"
-                ratio = "%.1fx" % (bw["loom"] / bw["gloo"]) if bw["gloo"] else "-"
+                cells = []
+                for b in ("loom", "loom-shm"):
+                    cells += ["%.2f" % bw[b],
+                              "%.1fx" % (bw[b] / bw["gloo"]) if bw["gloo"] else "-"]
                 size = "%d KiB" % (n >> 10) if n < 1 << 20 else "%d MiB" % (n >> 20)
-                print("| %d | %s | %s | %s | %.2f | %s |" % (world, op, size, g, bw["loom"], ratio))
-    ddp = {b: spawn(["ddp", b, str(a.ddp_steps)], 2)["step_s"] for b in ("gloo", "loom")}
+                print("| %d | %s | %s | %s | %s |" % (world, op, size, g, " | ".join(cells)))
+    ddp = {b: spawn(["ddp", b, str(a.ddp_steps)], 2)["step_s"] for b in backends}
     print("\nDDP, GPT small (B=2 x 256 per rank), 2 ranks x 1 thread: gloo %.0f ms/step, "
-          "loom %.0f ms/step: loom %.2fx faster" % (ddp["gloo"] * 1e3, ddp["loom"] * 1e3,
-                                                    ddp["gloo"] / ddp["loom"]))
-
+          "loom %.0f ms/step (%.2fx), loom with shared memory %.0f ms/step (%.2fx)"
+          % (ddp["gloo"] * 1e3, ddp["loom"] * 1e3, ddp["gloo"] / ddp["loom"],
+             ddp["loom-shm"] * 1e3, ddp["gloo"] / ddp["loom-shm"]))
 
 if __name__ == "__main__":
     main()

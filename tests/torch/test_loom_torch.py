@@ -42,6 +42,55 @@ def test_every_op_matches_gloo(world):
         assert any("reduce op" in m and "not supported" in m for m in r["refusals"]), r["refusals"]
 
 
+def test_every_op_from_shared_memory():
+    """The same cases with every tensor's storage in loom's shared memory
+    (LOOM_TORCH_SHARED_MEMORY=1 at import, from 1 byte on) and every allreduce asked to run
+    as the fused shared algorithm: results equal gloo's, and the fused path really ran (from
+    the heap it never does: test_every_op_matches_gloo's runs report 0)."""
+    res = launch("ops", 3, LOOM_TORCH_SHARED_MEMORY="1", LOOM_TORCH_SHARED_MIN="1",
+                 LOOM_ALGO="shared")  # 3 ranks: rank 2 reduces in place through scratch
+    for r in res:
+        assert r["cases"] >= 60
+        assert r["shared_memory"]["enabled"] and r["shared_memory"]["made"] > 0, r
+        assert r["shared_memory"]["reused"] > 0, r  # freed storage is handed out again
+        assert r["fused_allreduces"] > 0, r
+    heap = launch("ops", 2, LOOM_ALGO="shared")
+    assert all(r["fused_allreduces"] == 0 and not r["shared_memory"]["enabled"] for r in heap)
+
+
+ALLOCATOR = """
+import os, torch, loom_torch
+loom_torch.use_shared_memory(min_bytes=1 << 16)
+a, small = torch.ones(1 << 16), torch.ones(8)
+assert loom_torch.is_shared(a) and not loom_torch.is_shared(small)
+p = a.data_ptr()
+del a
+b = torch.zeros(1 << 16)  # the same size class: the freed buffer again, zeroed by torch
+assert b.data_ptr() == p and loom_torch.is_shared(b) and float(b.sum()) == 0
+del b
+pid = os.fork()
+if pid == 0:  # the cached buffer is the parent's pages: a child must not hand it out
+    c = torch.full((1 << 16,), 7.0)
+    os._exit(0 if not loom_torch.is_shared(c) and c.data_ptr() != p else 1)
+assert os.waitpid(pid, 0)[1] == 0
+d = torch.full((1 << 16,), 3.0)
+assert d.data_ptr() == p and float(d.sum()) == 3.0 * (1 << 16)
+loom_torch.use_shared_memory(False)
+assert not loom_torch.is_shared(torch.ones(1 << 16))
+s = loom_torch.shared_memory_stats()
+assert s["made"] == 1 and s["reused"] == 2 and s["live_bytes"] == 1 << 18, s
+print("ok")
+"""
+
+
+def test_shared_memory_allocator_reuses_and_forks():
+    """The allocator alone: storage from min_bytes on is shared, freed storage is handed out
+    again, a fork()ed child allocates from torch's own allocator, off means off."""
+    out = subprocess.run([sys.executable, "-c", ALLOCATOR], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
 def test_ddp_matches_gloo_bit_for_bit():
     loom = launch("ddp_loom", 2)
     gloo = launch("ddp_gloo", 2)

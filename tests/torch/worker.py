@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-import loom_torch  # noqa: F401  (registers the "loom" backend)
+import loom_torch  # registers the "loom" backend
 
 SCENARIO, RANK, WORLD, PORT, OUT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
     int(sys.argv[4]), sys.argv[5]
@@ -389,6 +389,9 @@ if __name__ == "__main__":
           "any_source": scenario_any_source, "p2p_and_bytes": scenario_p2p_and_bytes,
           "monitored_barrier": scenario_monitored_barrier}[SCENARIO]
     result = fn()
+    # the shared-memory allocator's counters and the fused allreduces this rank ran
+    result["shared_memory"] = loom_torch.shared_memory_stats()
+    result["fused_allreduces"] = loom_torch.fused_allreduces()
     with open(OUT, "w") as f:
         json.dump(result, f)
     sys.stdout.flush()

@@ -5,13 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <random>
-#include <vector>
 
 #include "loom/core/error.h"
 
@@ -30,14 +29,13 @@ struct Header {
 };
 
 struct Own {
-  uintptr_t data;
   size_t bytes;
   uint64_t id;
   int fd;
 };
 
 std::mutex g_mu;
-std::vector<Own> g_own;
+std::map<uintptr_t, Own> g_own;  // by the data's address (an allocator may hold thousands)
 size_t g_held = 0;
 
 uint64_t next_id() {  // unique in this process (a peer keys its mappings by it)
@@ -71,7 +69,7 @@ void* shared_alloc(size_t bytes) {
   h->bytes = bytes;
   std::atomic_ref<uint64_t>(h->magic).store(kMagic, std::memory_order_release);
   std::lock_guard<std::mutex> lock(g_mu);
-  g_own.push_back({reinterpret_cast<uintptr_t>(data), bytes, h->id, fd});
+  g_own.emplace(reinterpret_cast<uintptr_t>(data), Own{bytes, h->id, fd});
   g_held += bytes;
   return data;
 }
@@ -81,11 +79,9 @@ void shared_free(void* data) {
   Own o{};
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    auto it = std::find_if(g_own.begin(), g_own.end(), [&](const Own& x) {
-      return x.data == reinterpret_cast<uintptr_t>(data);
-    });
+    auto it = g_own.find(reinterpret_cast<uintptr_t>(data));
     if (it == g_own.end()) return;
-    o = *it;
+    o = it->second;
     g_own.erase(it);
     g_held -= o.bytes;
   }
@@ -99,12 +95,13 @@ void shared_free(void* data) {
 bool shared_find(const void* p, size_t bytes, SharedRef* ref) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> lock(g_mu);
-  for (const Own& o : g_own)
-    if (a >= o.data && a - o.data <= o.bytes && bytes <= o.bytes - (a - o.data)) {
-      *ref = {o.id, o.fd};
-      return true;
-    }
-  return false;
+  auto it = g_own.upper_bound(a);  // the first buffer starting after p
+  if (it == g_own.begin()) return false;
+  --it;
+  const Own& o = it->second;
+  if (a - it->first > o.bytes || bytes > o.bytes - (a - it->first)) return false;
+  *ref = {o.id, o.fd};
+  return true;
 }
 
 size_t shared_bytes_held() {
