@@ -41,8 +41,9 @@ namespace {
 
 // With LOOM_TEST_EXPECT_IN_PLACE set, the run fails unless some messages were read in place
 // (so a test of the single-copy path cannot pass through the ring alone). With
-// LOOM_TEST_EXPECT_FUSED=1 it fails unless some shared allreduce ran fused (each rank
-// reducing its block of every input and writing it into every output), with =0 if any did.
+// LOOM_TEST_EXPECT_FUSED=1 it fails unless some shared allreduce and some shared
+// reduce-scatter ran fused (each rank reducing its block of every input in place), with =0
+// if any did.
 int expect_in_place(int status) {
   if (status == 0 && std::getenv("LOOM_TEST_EXPECT_IN_PLACE") &&
       comm::ShmPair::bytes_read_in_place() == 0) {
@@ -50,10 +51,15 @@ int expect_in_place(int status) {
     return 1;
   }
   if (const char* f = std::getenv("LOOM_TEST_EXPECT_FUSED"); status == 0 && f) {
-    const uint64_t fused = comm::algo::shared_allreduces_fused();
-    if ((std::string(f) == "1") != (fused > 0)) {
-      std::fprintf(stderr, "FUSED: %llu shared allreduces ran fused, expected %s\n",
-                   static_cast<unsigned long long>(fused), f[0] == '1' ? "some" : "none");
+    const uint64_t fused = comm::algo::shared_allreduces_fused(),
+                   fused_rs = comm::algo::shared_reduce_scatters_fused();
+    const bool want = std::string(f) == "1";
+    if (want != (fused > 0) || want != (fused_rs > 0)) {
+      std::fprintf(stderr,
+                   "FUSED: %llu shared allreduces and %llu shared reduce-scatters ran fused, "
+                   "expected %s of each\n",
+                   static_cast<unsigned long long>(fused),
+                   static_cast<unsigned long long>(fused_rs), want ? "some" : "none");
       return 1;
     }
   }

@@ -131,20 +131,23 @@ TEST(SharedBuffers, SweepReadsInPlace) {
   ::unsetenv("LOOM_SHM_SHARED_MIN_ALLREDUCE");
 }
 
-// The shared allreduce between thread ranks: every buffer is reachable (one address space),
-// heap or shared, so it runs fused on every call; in pieces of 64 bytes (a block takes many,
-// the last one short); with TCP forced it is not a valid choice and the sweep skips it.
+// The shared allreduce and reduce-scatter between thread ranks: every buffer is reachable
+// (one address space), heap or shared, so they run fused on every call; in pieces of 64
+// bytes (a block takes many, the last one short); with TCP forced they are not a valid
+// choice and the sweep skips them.
 TEST(SharedAllreduce, FusedPieceByPiece) {
   ::setenv("LOOM_SHARED_ALLREDUCE_PIECE", "64", 1);
   for (int n : {2, 3, 5}) {
     std::string name = "shared-allreduce-" + std::to_string(n);
-    const uint64_t before = comm::algo::shared_allreduces_fused();
+    const uint64_t before = comm::algo::shared_allreduces_fused(),
+                   before_rs = comm::algo::shared_reduce_scatters_fused();
     std::vector<size_t> counts{1, 7, 1031, static_cast<size_t>(n) * 13 + 3};
     run_ranks(n, Layout::kShm, name, [&](Communicator& c) {
       int wrong = sweep(c, counts, name, [](const std::string& m) { ADD_FAILURE() << m; });
       EXPECT_EQ(wrong, 0) << name << " rank " << c.rank();
     });
     EXPECT_GT(comm::algo::shared_allreduces_fused(), before) << name;
+    EXPECT_GT(comm::algo::shared_reduce_scatters_fused(), before_rs) << name;
   }
   ::unsetenv("LOOM_SHARED_ALLREDUCE_PIECE");
 }

@@ -152,6 +152,12 @@ TEST(Tuning, AutoPicksTheCostModelsWinner) {
       // 512 KiB, under the shared algorithm's 1 MiB: ring 6*(0.4 + 128 KiB/beta) = 68.3 us;
       // direct 0.6 + 1.5*3*B/beta = 131.7 us; rd 2*(0.4 + 1.5 B/beta) = 132.0 us.
       {OpKind::kAllreduce, one_host(4), 512 * 1024, Algo::kRing, "bandwidth: 2(n-1)/n B"},
+      // 4 ranks, 64 MiB reduce-scatter: shared 2*0.4*1.5 + 0.75*3*16 MiB/beta = 3147 us;
+      // ring 3*(0.4 + 16 MiB/beta) = 4195.6 us; direct 0.6 + 4194.3 us.
+      {OpKind::kReduceScatter, one_host(4), 64 * MiB, Algo::kShared, "each block read once"},
+      // 512 KiB, under its 1 MiB minimum: direct 0.6 + 3*128 KiB/beta = 33.4 us; rd 33.6;
+      // ring 3*(0.4 + 128 KiB/beta) = 34.0 us.
+      {OpKind::kReduceScatter, one_host(4), 512 * 1024, Algo::kDirect, "below the minimum"},
       // 2 ranks, 8 B: rd and direct both 0.40 us (rd listed first wins the tie).
       {OpKind::kAllreduce, one_host(2), 8, Algo::kRd, "tie goes to the first listed"},
       // 3 ranks (rd invalid for allgather), 8 B: direct 0.4 + 0.1 = 0.5 us; ring 2*0.4 = 0.8.

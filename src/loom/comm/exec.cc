@@ -149,7 +149,8 @@ std::byte* Exec::peer_memory(int peer, const PeerBuffer& b, size_t bytes) {
     throw PeerError(PeerError::Kind::kProtocol,
                     "rank " + std::to_string(p.world_self()) + " cannot reach rank " +
                         std::to_string(p.world_peer()) + "'s buffer for " + fp_.str() + ": " + why +
-                        " (LOOM_SHARED_ALLREDUCE_MIN=0 turns the shared allreduce off)",
+                        " (LOOM_SHARED_ALLREDUCE_MIN=0 and LOOM_SHARED_REDUCE_SCATTER_MIN=0 turn "
+                        "the shared algorithms off)",
                     peer);
   return mine;
 }

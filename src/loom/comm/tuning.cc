@@ -22,6 +22,10 @@ const DoubleTunable kTcpGbps("LOOM_TCP_GBPS", 1.7, "cost-model bandwidth of TCP,
 const IntTunable kSharedAllreduceMin("LOOM_SHARED_ALLREDUCE_MIN", 1 << 20,
                                      "allreduces of at least this many bytes on one machine use "
                                      "the shared algorithm (0: never chosen on its own)");
+const IntTunable kSharedReduceScatterMin(
+    "LOOM_SHARED_REDUCE_SCATTER_MIN", 1 << 20,
+    "reduce-scatters of at least this many input bytes on one machine use the shared "
+    "algorithm (0: never chosen on its own)");
 const StringTunable kTuningFile("LOOM_TUNING_FILE", "",
                                 "measured algorithm table (loom bench --calibrate FILE) used "
                                 "instead of the cost model where it has the topology and op");
@@ -189,6 +193,17 @@ double predict_us(OpKind op, Algo algo, size_t bytes, const Topology& topo, cons
       switch (algo) {
         case Algo::kRing:
           return (n - 1) * (alpha + B / n * us_per_byte);
+        case Algo::kShared: {
+          // Reduce-scatter only (the table has no shared allgather row): two steps, each a
+          // message to every peer; each rank reads its block of every input once, where
+          // ring passes partial sums around (the 0.75 as for the allreduce). On 2 ranks
+          // ring is that single pass already (each reads the other's block, in place from
+          // shared buffers) in one step fewer: measured 0.87-1.01x, so not chosen there.
+          const int64_t min = kSharedReduceScatterMin.get();
+          if (n < 3 || min <= 0 || B < static_cast<double>(min))
+            return std::numeric_limits<double>::infinity();
+          return 2.0 * alpha * (1 + 0.25 * (n - 2)) + 0.75 * (n - 1) * B / n * us_per_byte;
+        }
         case Algo::kRd:  // across TCP its rounds do not overlap: 13% behind ring measured
           return L * alpha + (n - 1) * B / n * us_per_byte * (topo.all_shm() ? 1.0 : 1.1);
         case Algo::kDirect:

@@ -49,6 +49,9 @@ void reduce_scatter_ring(Exec& x, const void* in, void* out, size_t count);
 void reduce_scatter_direct(Exec& x, const void* in, void* out, size_t count);
 void reduce_scatter_rd(Exec& x, const void* in, void* out, size_t count);
 void reduce_scatter_hier(Exec& x, const void* in, void* out, size_t count);
+void reduce_scatter_shared(Exec& x, const void* in, void* out, size_t count);
+// Shared reduce-scatters this process has run fused, not as ring (tests).
+uint64_t shared_reduce_scatters_fused();
 
 // broadcast `bytes` from root, in place.
 void broadcast_tree(Exec& x, void* buf, size_t bytes, int root);

@@ -35,7 +35,8 @@ namespace {
 const IntTunable kPipelineChunk("LOOM_PIPELINE_CHUNK", 256 << 10,
                                 "chunk bytes for pipelined tree/chain broadcast and reduce");
 const IntTunable kSharedPiece("LOOM_SHARED_ALLREDUCE_PIECE", 64 << 10,
-                              "bytes the shared allreduce reduces before copying them out");
+                              "bytes the shared allreduce reduces before copying them out (and "
+                              "the shared reduce-scatter at a time)");
 std::atomic<uint64_t> g_fused{0};
 const IntTunable kHierChunk("LOOM_HIER_CHUNK", 1 << 20,
                             "chunk bytes of the hierarchical pipelines (allreduce, "
@@ -245,6 +246,20 @@ uint64_t shared_allreduces_fused() {
   return g_fused.load(std::memory_order_relaxed);
 }
 
+void exchange_with_all(Exec& x, const void* mine, void* all, size_t bytes) {
+  const int n = x.size(), r = x.rank();
+  for (int i = 1; i < n; ++i) {  // staggered: send to r+i while hearing from r-i
+    const int from = mod(r - i, n);
+    x.send(mod(r + i, n), mine, bytes);
+    x.recv(from, bytes ? at(all, from * bytes) : nullptr, bytes);
+  }
+  x.wait_all();
+}
+
+size_t shared_piece(size_t esize) {
+  return whole_elements(kSharedPiece, esize);
+}
+
 // Both buffers of one rank, as it names them to the others.
 struct SharedEnds {
   PeerBuffer in, out;
@@ -258,11 +273,7 @@ void allreduce_shared(Exec& x, const void* in, void* out, size_t count) {
   std::vector<SharedEnds> ends(n);
   ends[r] = {Exec::name_buffer(in, bytes), Exec::name_buffer(out, bytes)};
   tsan_release(in), tsan_release(out);  // what we wrote before the call, for the peers
-  for (int i = 1; i < n; ++i) {
-    x.send(mod(r + i, n), &ends[r], sizeof(SharedEnds));
-    x.recv(mod(r - i, n), &ends[mod(r - i, n)], sizeof(SharedEnds));
-  }
-  x.wait_all();
+  exchange_with_all(x, &ends[r], ends.data(), sizeof(SharedEnds));
   // The same decision on every rank: one process, or every buffer in a shared buffer.
   bool one_process = true, all_shared = true;
   for (const SharedEnds& e : ends) {
@@ -281,7 +292,7 @@ void allreduce_shared(Exec& x, const void* in, void* out, size_t count) {
   }
   const Blocks b = even_blocks(count, n, es);
   const size_t off = b.off[r], len = b.len[r];
-  const size_t piece = whole_elements(kSharedPiece, es);
+  const size_t piece = shared_piece(es);
   // Reduce into our own output, unless it is our input (in place) and ranks before ours are
   // folded in first, which would overwrite it before it is read: then into scratch.
   const bool in_own_out = !(in == out && r >= 2);
@@ -304,11 +315,7 @@ void allreduce_shared(Exec& x, const void* in, void* out, size_t count) {
   // Done: our block is in every output and we read no input any more.
   for (int q = 0; q < n; ++q)
     if (q != r) tsan_release(ins[q] + off), tsan_release(outs[q] + off);
-  for (int i = 1; i < n; ++i) {
-    x.send(mod(r + i, n), nullptr, 0);
-    x.recv(mod(r - i, n), nullptr, 0);
-  }
-  x.wait_all();
+  exchange_with_all(x, nullptr, nullptr, 0);
   for (int q = 0; q < n; ++q)
     if (q != r) tsan_acquire(at(in, b.off[q])), tsan_acquire(at(out, b.off[q]));
 }

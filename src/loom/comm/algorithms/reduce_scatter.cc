@@ -16,11 +16,88 @@
 //         chunks of every block: chunk t's local sum, chunk t-1's exchange between leaders
 //         and chunk t-2's hand-out run at once. Wire between hosts: (h-1)/h N per leader,
 //         where ring sends (n-1)/n N across each host boundary.
+// shared  One machine, every rank's input reachable from every other (in a shared buffer,
+//         or thread ranks of one process): the ranks name their inputs to each other, then
+//         rank r reduces block r of all n inputs, in rank order, piece by piece into its
+//         output, reading the peers' inputs through its mappings of them; a second exchange
+//         says "done" (a peer may not touch its input before). Each input byte is read once
+//         by the one rank that needs it, nothing goes through the rings; two steps of
+//         latency. Where some rank's input is on another process's heap, ring.
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
 #include "loom/comm/algorithms/algorithms.h"
 #include "loom/comm/algorithms/util.h"
 #include "loom/comm/reduce.h"
+#include "loom/core/tsan.h"
 
 namespace loom::comm::algo {
+namespace {
+std::atomic<uint64_t> g_fused{0};
+}  // namespace
+
+uint64_t shared_reduce_scatters_fused() {
+  return g_fused.load(std::memory_order_relaxed);
+}
+
+void reduce_scatter_shared(Exec& x, const void* in, void* out, size_t count) {
+  const int n = x.size(), r = x.rank();
+  const size_t es = x.esize(), bb = count * es, total = bb * static_cast<size_t>(n);
+  if (n == 1 || bb == 0) return copy_bytes(out, at(in, r * bb), bb);
+  std::vector<PeerBuffer> named(n);
+  named[r] = Exec::name_buffer(in, total);
+  tsan_release(in);  // what we wrote before the call, for the peers
+  exchange_with_all(x, &named[r], named.data(), sizeof(PeerBuffer));
+  // The same decision on every rank: one process, or every input in a shared buffer.
+  bool one_process = true, all_shared = true;
+  for (const PeerBuffer& b : named)
+    one_process = one_process && b.pid == named[0].pid, all_shared = all_shared && b.fd >= 0;
+  if (!one_process && !all_shared) return reduce_scatter_ring(x, in, out, count);
+  g_fused.fetch_add(1, std::memory_order_relaxed);
+
+  std::vector<const std::byte*> ins(n);
+  for (int q = 0; q < n; ++q) {
+    const std::byte* base =
+        q == r ? static_cast<const std::byte*>(in) : x.peer_memory(q, named[q], total);
+    if (q != r) tsan_acquire(base);  // where its owner released it
+    ins[q] = base + r * bb;
+  }
+  // Into our output, unless it overlaps our own block of the input and ranks before ours
+  // are folded in first (they would overwrite it before it is read): then through scratch.
+  // A large out-of-place output takes its last fold with non-temporal stores (the earlier
+  // folds stay in a cached scratch piece): nobody reads it before the call returns.
+  const auto* o0 = static_cast<const std::byte*>(out);
+  const bool overlap = o0 < ins[r] + bb && ins[r] < o0 + bb;
+  const bool stream = !overlap && x.streams(bb);
+  const size_t piece = shared_piece(es);
+  std::byte* acc = (overlap && r >= 2) || (stream && n > 2) ? x.scratch(piece) : nullptr;
+  const DType t = x.dtype();
+  const ReduceOp op = x.redop();
+  for (size_t p = 0; p < bb; p += piece) {
+    const size_t l = std::min(piece, bb - p), c = l / es;
+    if (stream) {
+      const std::byte* a = ins[0] + p;
+      if (n > 2) {
+        reduce_into(acc, ins[0] + p, ins[1] + p, c, t, op);
+        for (int q = 2; q < n - 1; ++q) reduce_into(acc, acc, ins[q] + p, c, t, op);
+        a = acc;
+      }
+      reduce_streaming(at(out, p), a, ins[n - 1] + p, c, t, op);
+      continue;
+    }
+    std::byte* dst = acc ? acc : at(out, p);
+    reduce_into(dst, ins[0] + p, ins[1] + p, c, t, op);
+    for (int q = 2; q < n; ++q) reduce_into(dst, dst, ins[q] + p, c, t, op);
+    if (acc) copy_bytes(at(out, p), acc, l);
+  }
+  // Done: we read no peer's input any more.
+  for (int q = 0; q < n; ++q)
+    if (q != r) tsan_release(ins[q]);
+  exchange_with_all(x, nullptr, nullptr, 0);
+  for (int q = 0; q < n; ++q)
+    if (q != r) tsan_acquire(at(in, q * bb));
+}
 
 void reduce_scatter_ring(Exec& x, const void* in, void* out, size_t count) {
   const int n = x.size(), r = x.rank();

@@ -48,6 +48,8 @@ constexpr std::array kTable{
             [](Exec& x, A a) { reduce_scatter_rd(x, a.in, a.out, a.count); }, pow2_ranks},
     AlgoRow{OpKind::kReduceScatter, Algo::kHier,
             [](Exec& x, A a) { reduce_scatter_hier(x, a.in, a.out, a.count); }, hierarchical},
+    AlgoRow{OpKind::kReduceScatter, Algo::kShared,
+            [](Exec& x, A a) { reduce_scatter_shared(x, a.in, a.out, a.count); }, one_machine},
     // broadcast from root, in place
     AlgoRow{OpKind::kBroadcast, Algo::kTree,
             [](Exec& x, A a) { broadcast_tree(x, a.out, a.bytes, a.root); }, nullptr},

@@ -36,4 +36,11 @@ void binomial_reduce_inplace(Exec& x, void* work, size_t bytes, int root);
 // LOOM_HIER_CHUNK: the pipeline chunk of the hierarchical algorithms (allreduce.cc).
 size_t hier_chunk_bytes();
 
+// The shared algorithms' exchanges: sends `bytes` of `mine` to every other rank and
+// receives rank q's into all + q * bytes (staggered: to r+i while hearing from r-i); with 0
+// bytes, a "done" to and from every rank. Ends with wait_all().
+void exchange_with_all(Exec& x, const void* mine, void* all, size_t bytes);
+// LOOM_SHARED_ALLREDUCE_PIECE in whole elements: what the shared algorithms reduce at a time.
+size_t shared_piece(size_t esize);
+
 }  // namespace loom::comm::algo
