@@ -2,6 +2,7 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <bit>
@@ -68,6 +69,14 @@ class SharedCpuAllocator final : public c10::Allocator {
   void enable(bool on, size_t min_bytes, size_t cache_bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!fallback_) {
+      // Each shared buffer keeps its memfd open (peers open it through /proc/<pid>/fd), so
+      // a model's tensors can need thousands: the soft limit on open files goes up to the
+      // hard one (often 1024 of 524288).
+      rlimit files{};
+      if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+        files.rlim_cur = files.rlim_max;
+        ::setrlimit(RLIMIT_NOFILE, &files);
+      }
       fallback_ = c10::GetCPUAllocator();
       c10::SetCPUAllocator(this, /*priority=*/1);  // above the default's 0
       pthread_atfork(&before_fork, &after_fork_parent, &after_fork_child);

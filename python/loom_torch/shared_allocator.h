@@ -23,8 +23,9 @@
 
 namespace loom_torch {
 
-// Installs the allocator (the first time) and turns shared storage on or off; tensors
-// allocated before keep their storage.
+// Installs the allocator (the first time: it also raises the soft limit on open files to
+// the hard one, each shared buffer holding a memfd) and turns shared storage on or off;
+// tensors allocated before keep their storage.
 void use_shared_memory(bool on, size_t min_bytes, size_t cache_bytes);
 
 struct SharedMemoryStats {

@@ -59,8 +59,11 @@ def test_every_op_from_shared_memory():
 
 
 ALLOCATOR = """
-import os, torch, loom_torch
+import os, resource, torch, loom_torch
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
 loom_torch.use_shared_memory(min_bytes=1 << 16)
+assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard  # a memfd per buffer
 a, small = torch.ones(1 << 16), torch.ones(8)
 assert loom_torch.is_shared(a) and not loom_torch.is_shared(small)
 p = a.data_ptr()
@@ -85,7 +88,8 @@ print("ok")
 
 def test_shared_memory_allocator_reuses_and_forks():
     """The allocator alone: storage from min_bytes on is shared, freed storage is handed out
-    again, a fork()ed child allocates from torch's own allocator, off means off."""
+    again, a fork()ed child allocates from torch's own allocator, off means off; the soft
+    limit on open files goes up to the hard one."""
     out = subprocess.run([sys.executable, "-c", ALLOCATOR], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

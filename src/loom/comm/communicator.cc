@@ -626,7 +626,7 @@ WorkPtr Communicator::recv_any_async(void* buf, size_t count, DType t, int* sour
 
 TransportStats transport_stats() {
   TransportStats s;
-  s.bytes_read_in_place = ShmPair::bytes_read_in_place();
+  s.bytes_read_in_place = ShmPair::bytes_read_in_place() + algo::shared_bytes_read();
   return s;
 }
 

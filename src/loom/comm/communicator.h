@@ -335,7 +335,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
 // Counters of every communicator and transport of this process, since it started.
 struct TransportStats {
-  uint64_t bytes_read_in_place = 0;  // received by reading a sender's buffer in place (shm)
+  // read from a peer's buffer in place (shm): single-copy receives and the shared algorithms
+  uint64_t bytes_read_in_place = 0;
 };
 TransportStats transport_stats();
 

@@ -32,6 +32,9 @@ void allreduce_hier(Exec& x, const void* in, void* out, size_t count);
 void allreduce_shared(Exec& x, const void* in, void* out, size_t count);
 // Shared allreduces this process has run fused, not as ring (tests).
 uint64_t shared_allreduces_fused();
+// Bytes the shared algorithms have read from peers' buffers through their mappings (in
+// place, like the single-copy receives: transport_stats() counts both).
+uint64_t shared_bytes_read();
 
 // allgather(v): block r of out = rank r's in; blocks given in bytes. In-place when
 // in == out + blocks.off[rank].

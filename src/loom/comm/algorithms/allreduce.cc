@@ -38,6 +38,7 @@ const IntTunable kSharedPiece("LOOM_SHARED_ALLREDUCE_PIECE", 64 << 10,
                               "bytes the shared allreduce reduces before copying them out (and "
                               "the shared reduce-scatter at a time)");
 std::atomic<uint64_t> g_fused{0};
+std::atomic<uint64_t> g_shared_read{0};
 const IntTunable kHierChunk("LOOM_HIER_CHUNK", 1 << 20,
                             "chunk bytes of the hierarchical pipelines (allreduce, "
                             "reduce_scatter: all blocks together)");
@@ -256,6 +257,14 @@ void exchange_with_all(Exec& x, const void* mine, void* all, size_t bytes) {
   x.wait_all();
 }
 
+uint64_t shared_bytes_read() {
+  return g_shared_read.load(std::memory_order_relaxed);
+}
+
+void count_shared_read(uint64_t bytes) {
+  g_shared_read.fetch_add(bytes, std::memory_order_relaxed);
+}
+
 size_t shared_piece(size_t esize) {
   return whole_elements(kSharedPiece, esize);
 }
@@ -312,6 +321,7 @@ void allreduce_shared(Exec& x, const void* in, void* out, size_t count) {
         copy_bytes(outs[q] + o, dst, l);
     }
   }
+  count_shared_read(static_cast<uint64_t>(n - 1) * len);
   // Done: our block is in every output and we read no input any more.
   for (int q = 0; q < n; ++q)
     if (q != r) tsan_release(ins[q] + off), tsan_release(outs[q] + off);

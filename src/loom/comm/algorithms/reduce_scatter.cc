@@ -91,6 +91,7 @@ void reduce_scatter_shared(Exec& x, const void* in, void* out, size_t count) {
     for (int q = 2; q < n; ++q) reduce_into(dst, dst, ins[q] + p, c, t, op);
     if (acc) copy_bytes(at(out, p), acc, l);
   }
+  count_shared_read(static_cast<uint64_t>(n - 1) * bb);
   // Done: we read no peer's input any more.
   for (int q = 0; q < n; ++q)
     if (q != r) tsan_release(ins[q]);

@@ -42,5 +42,7 @@ size_t hier_chunk_bytes();
 void exchange_with_all(Exec& x, const void* mine, void* all, size_t bytes);
 // LOOM_SHARED_ALLREDUCE_PIECE in whole elements: what the shared algorithms reduce at a time.
 size_t shared_piece(size_t esize);
+// Adds to shared_bytes_read() (algorithms.h).
+void count_shared_read(uint64_t bytes);
 
 }  // namespace loom::comm::algo
