@@ -31,14 +31,21 @@ def parse_size(s):
     return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
 
 
+def torch_backend(backend):
+    """The torch.distributed backend for one of ours: gloo, loom, or loom-shm (loom with
+    loom_torch.use_shared_memory() on, before any tensor is allocated)."""
+    if not backend.startswith("loom"):
+        return backend
+    import loom_torch
+    if backend == "loom-shm":
+        loom_torch.use_shared_memory()
+    return "loom"
+
+
 def worker(backend, rank, world, port, sizes, out):
     import torch
     import torch.distributed as dist
-    if backend.startswith("loom"):
-        import loom_torch
-        if backend == "loom-shm":
-            loom_torch.use_shared_memory()
-        backend = "loom"
+    backend = torch_backend(backend)
     torch.set_num_threads(1)
     dist.init_process_group(backend, init_method="tcp://127.0.0.1:%d" % port, rank=rank,
                             world_size=world)
@@ -80,11 +87,7 @@ def worker(backend, rank, world, port, sizes, out):
 def ddp_worker(backend, rank, world, port, steps, out):
     import torch
     import torch.distributed as dist
-    if backend.startswith("loom"):
-        import loom_torch
-        if backend == "loom-shm":  # before the model: parameters and DDP's buckets shared
-            loom_torch.use_shared_memory()
-        backend = "loom"
+    backend = torch_backend(backend)  # before the model: parameters and DDP's buckets shared
     sys.path.insert(0, HERE)
     from train_vs_pytorch import SHAPES, V, make_gpt
     torch.set_num_threads(1)
@@ -170,6 +173,7 @@ def main():
           "loom %.0f ms/step (%.2fx), loom with shared memory %.0f ms/step (%.2fx)"
           % (ddp["gloo"] * 1e3, ddp["loom"] * 1e3, ddp["gloo"] / ddp["loom"],
              ddp["loom-shm"] * 1e3, ddp["gloo"] / ddp["loom-shm"]))
+
 
 if __name__ == "__main__":
     main()

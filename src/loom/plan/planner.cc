@@ -158,7 +158,7 @@ std::string Layout::describe() const {
   if (pp > 1)
     o << " " << schedule << (virtual_stages > 1 ? "/v" + std::to_string(virtual_stages) : "");
   if (recompute) o << " recompute";
-  if (recompute_attention && !recompute) o << " recompute-attention";
+  if (selective_recompute()) o << " recompute-attention";
   if (sequence_parallel) o << " sp";
   if (offload != "none") o << " offload " << offload;
   return o.str();
@@ -222,8 +222,7 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   } else {  // Korthikanti et al., 16-bit
     // the s x s scores, softmax and dropout mask: not kept with flash attention or when
     // selective recomputation runs the attention core again
-    const double scores =
-        m.flash_attention || (l.recompute_attention && !l.recompute) ? 0 : 5 * a * s / h;
+    const double scores = m.flash_attention || l.selective_recompute() ? 0 : 5 * a * s / h;
     layer_act = l.sequence_parallel ? s * b * h / t * (34 + scores)
                                     : s * b * h * (10 + 24.0 / t + scores / t);
     if (t == 1) layer_act = s * b * h * (34 + scores);
@@ -270,12 +269,10 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
     if (d.cpu) return mix(cpu->block_s, cpu->block_busy_s, share);
     return 3 * layer_fwd_s;
   };
-  const bool selective = !d.cpu && l.recompute_attention && !l.recompute;
-  const double recompute_layer_s =
-      d.cpu ? 0.0
-            : (l.recompute ? layer_fwd_s
-               : selective ? forward_s(d, attention_ops(b, s, h, a, t, m))
-                           : 0.0);
+  double recompute_layer_s = 0;
+  if (!d.cpu && l.recompute) recompute_layer_s = layer_fwd_s;
+  if (!d.cpu && l.selective_recompute())
+    recompute_layer_s = forward_s(d, attention_ops(b, s, h, a, t, m));
   auto head_s = [&](double share) {
     if (d.cpu) return mix(cpu->ends_s, cpu->ends_busy_s, share);
     return 3 * ends_fwd_s;

@@ -72,6 +72,7 @@ struct Layout {
   // `loom plan` does not offer it. Ignored with `recompute`.
   bool recompute_attention = false;
   std::string offload = "none";  // none, optimizer (zero.offload = disk)
+  bool selective_recompute() const { return recompute_attention && !recompute; }
   std::string describe() const;
 };
 
