@@ -231,7 +231,7 @@ def calibrated():
     logs = os.path.join(WORK, "calibrate")
     os.makedirs(logs, exist_ok=True)
     table_file = os.path.join(WORK, "tuning.json")
-    sizes = ["--min", "64K", "--max", "16M", "--factor", "16", "--iters", "3", "--warmup", "1"]
+    sizes = ["--min", "64K", "--max", "4M", "--factor", "8", "--iters", "3", "--warmup", "1"]
     procs = start_job([LOOM, "bench", "--op", "all", "--calibrate", table_file, *sizes], logs)
     wait_job(procs, logs)
     with open(table_file) as f:
@@ -245,12 +245,12 @@ def calibrated():
 
     def choices(env):
         got = {}
-        for op in ("allreduce", "allgather", "reduce_scatter"):
-            procs = start_job([LOOM, "bench", "--op", op, "--json", "-", *sizes], logs, env=env)
-            wait_job(procs, logs)
-            for line in read(logs, 0).splitlines():
-                if line.startswith("{") and not json.loads(line)["inplace"]:
-                    r = json.loads(line)
+        procs = start_job([LOOM, "bench", "--op", "all", "--json", "-", *sizes], logs, env=env)
+        wait_job(procs, logs)
+        for line in read(logs, 0).splitlines():
+            if line.startswith("{") and not json.loads(line)["inplace"]:
+                r = json.loads(line)
+                if r["op"] in ("allreduce", "allgather", "reduce_scatter"):
                     got[(r["op"], r["bytes"])] = r["algo"]
         return got
 
