@@ -8,12 +8,14 @@
     step, `pp_wait_ms`) next to the schedule's formula, for pp 2 and pp 4 (4 ranks on 2
     cores: oversubscribed);
   * activations each stage holds at most, per schedule;
+  * with --balanced instead: the four schedules on `small` with more blocks (24 for pp 2, 32
+    for pp 4: the head is one stage's share), each stage's idle share next to the formula;
   * with --memory instead: pp 2, each schedule with and without activation offload
     (train.offload_activations, horizon 1) and with pp.active_microbatches = 2: activations
     and peak RSS per stage, the bytes spilled and the step time.
 
     /usr/bin/python3 bench/pp_vs_one.py LOOM DATA_DIR [--model small] [--microbatches 8]
-                                        [--steps 4] [--memory]
+                                        [--steps 4] [--memory | --balanced]
 
 Medians over the steps after the first. Prints markdown tables.
 """
@@ -51,8 +53,15 @@ def loom(a, n, threads, *extra):
     out = {"step_ms": step, "tokens_per_s": statistics.median(m["tokens_per_s"] for m in ms)}
     if "pp_wait_ms" in ms[0]:
         ranks = len(ms[0]["pp_wait_ms"])
-        waits = [statistics.median(m["pp_wait_ms"][r] for m in ms) for r in range(ranks)]
+        med = lambda key, r: statistics.median(m[key][r] for m in ms)  # noqa: E731
+        waits = [med("pp_wait_ms", r) for r in range(ranks)]
         out["bubble"] = [w / (step - w) for w in waits]
+        # Each stage's passes (compute_ms), and its idle share as the formulas count it: the
+        # step less the passes, the optimizer and the data, over the passes — whatever kept
+        # the stage from computing (a neighbour, a transfer, the end of the step).
+        out["compute_ms"] = [med("compute_ms", r) for r in range(ranks)]
+        out["idle"] = [(step - c - med("optim_ms", r) - med("data_ms", r)) / c
+                       for r, c in enumerate(out["compute_ms"])]
         out["act_mb"] = ms[-1]["activation_mb"]
         out["rss_mb"] = ms[-1]["rss_peak_mb"]
         out["spilled_mb"] = sum(ms[-1].get("offload_mb", [0]))
@@ -62,6 +71,30 @@ def loom(a, n, threads, *extra):
 def formula(schedule, P, M, V):
     f = (P - 1) / M
     return {"gpipe": f, "1f1b": f, "interleaved": f / V, "zb-h1": f / 3}[schedule]
+
+
+def balanced(a):
+    """The schedules on a model whose stages are balanced (more blocks of `small`, so the
+    head is one stage's share, not more): each stage's idle share beside the schedule's own
+    formula (issue 36: within 20%)."""
+    M = a.microbatches
+    print("%s with more blocks, %d microbatches of 2 x %d tokens per step, 1 thread per rank; "
+          "idle share = (step - passes - optimizer - data) / passes, per stage\n" % (
+              a.model, M, SHAPES[a.model][3]))
+    print("| pp | blocks | schedule | step ms | passes per stage (ms) | balance (max / min) | "
+          "idle share per stage, measured | formula | measured / formula (mean of stages) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for P, layers in ((2, a.layers2), (4, a.layers4)):
+        for schedule, V in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)):
+            r = loom(a, P, 1, "--set", "train.pp=%d" % P, "--set", "pp.schedule=" + schedule,
+                     "--set", "pp.virtual_stages=%d" % V, "--set", "model.n_layer=%d" % layers)
+            f = formula(schedule, P, M, V)
+            c = r["compute_ms"]
+            print("| %d | %d | %s | %.0f | %s | %.3f | %s | %.3f | %.2f |" % (
+                P, layers, schedule + (" (V %d)" % V if V > 1 else ""), r["step_ms"],
+                " / ".join("%.0f" % x for x in c), max(c) / min(c),
+                " / ".join("%.3f" % x for x in r["idle"]), f,
+                statistics.mean(r["idle"]) / f), flush=True)
 
 
 def memory(a):
@@ -94,10 +127,17 @@ def main():
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--balanced", action="store_true",
+                    help="the idle-share table on a model with balanced stages")
+    ap.add_argument("--layers2", type=int, default=24, help="blocks for pp 2 with --balanced")
+    ap.add_argument("--layers4", type=int, default=32, help="blocks for pp 4 with --balanced")
     a = ap.parse_args()
     M = a.microbatches
     if a.memory:
         memory(a)
+        return
+    if a.balanced:
+        balanced(a)
         return
     one = loom(a, 1, 2)
     rows = []

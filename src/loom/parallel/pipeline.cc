@@ -41,19 +41,21 @@ PipelineStage::PipelineStage(model::Gpt& model, std::shared_ptr<comm::Communicat
   }
   acts_.resize(M_);
   for (auto& a : acts_) a.resize(V_);
+  pool_.resize(V_);
 }
 
 model::Activations& PipelineStage::hold(int m, int chunk) {
   auto& slot = acts_[m][chunk];
+  auto& pool = pool_[chunk];
   if (!slot) {
-    if (pool_.empty()) {
+    if (pool.empty()) {
       // The forward allocates its buffers afresh: the offloader's spares go first, so memory
       // holds this microbatch and at most one being written, not a third kept for later.
       if (offload_) offload_->drop_spares();
       slot = std::make_unique<model::Activations>();
     } else {
-      slot = std::move(pool_.back());
-      pool_.pop_back();
+      slot = std::move(pool.back());
+      pool.pop_back();
       // Its buffers may still be going out to a neighbour.
       auto it = sending_from_.find(slot.get());
       if (it != sending_from_.end()) {
@@ -67,14 +69,14 @@ model::Activations& PipelineStage::hold(int m, int chunk) {
   return *slot;
 }
 
-void PipelineStage::release(int m, int chunk, bool forward_next) {
+void PipelineStage::release(int m, int chunk, int next_forward_chunk) {
   auto a = std::move(acts_[m][chunk]);
   // With offload, the pool keeps one microbatch for a forward that comes next to reuse
   // (fresh buffers cost page faults); other finished microbatches' buffers leave memory (pooled,
   // every read-back buffer would stay until the next step's forwards: GPipe's backward phase would
   // hold them all again) as soon as no send reads them.
-  if (!offload_ || (forward_next && pool_.empty())) {
-    pool_.push_back(std::move(a));
+  if (!offload_ || (next_forward_chunk == chunk && pool_[chunk].empty())) {
+    pool_[chunk].push_back(std::move(a));
     return;
   }
   retiring_.push_back(std::move(a));
@@ -106,7 +108,8 @@ void PipelineStage::note_peak() {
       }
       bytes += a->bytes(), block_bytes += a->block_bytes();
     }
-  for (const auto& a : pool_) bytes += a->bytes();  // idle buffers are memory too
+  for (const auto& pool : pool_)
+    for (const auto& a : pool) bytes += a->bytes();  // idle buffers are memory too
   for (const auto& a : retiring_) bytes += a->bytes();
   if (offload_) bytes += offload_->spare_bytes();
   peak_bytes_ = std::max(peak_bytes_, bytes);
@@ -220,7 +223,8 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
     if (x.pass != Pass::kW && v > 0) send(kGradient, (v - 1) % P_, model_.input_grad(a), n, &a);
     note_peak();
     if (x.pass != Pass::kB)
-      release(x.microbatch, x.chunk, i + 1 < list.size() && list[i + 1].pass == Pass::kF);
+      release(x.microbatch, x.chunk,
+              i + 1 < list.size() && list[i + 1].pass == Pass::kF ? list[i + 1].chunk : -1);
   }
   wait_sends();
   if (hooks) hooks->step_ends();
@@ -238,7 +242,7 @@ double PipelineStage::forward_only(const int* tokens, const int* targets, int B,
     if (losses && last())
       std::copy_n(model::Gpt::losses(*acts_[m][last_chunk]), static_cast<size_t>(B) * T,
                   losses + static_cast<size_t>(m) * B * T);
-    for (int c = 0; c < V_; ++c) pool_.push_back(std::move(acts_[m][c]));
+    for (int c = 0; c < V_; ++c) pool_[c].push_back(std::move(acts_[m][c]));
   }
   wait_sends();
   if (hooks) hooks->step_ends();

@@ -97,10 +97,11 @@ class PipelineStage {
   double forward_action(int m, int chunk, const int* tokens, const int* targets, int B, int T,
                         PipelineHooks* hooks);
   model::Activations& hold(int m, int chunk);  // from the pool, for F
-  void release(int m, int chunk,
-               bool forward_next = false);  // back to the pool, after the last backward
-  void sweep_retiring();                    // frees retiring activations no send reads
-  void note_peak();                         // the peak of activation bytes in memory
+  // Back to the chunk's pool, after the last backward; next_forward_chunk: the chunk of the
+  // forward that runs next (-1: a backward does).
+  void release(int m, int chunk, int next_forward_chunk);
+  void sweep_retiring();  // frees retiring activations no send reads
+  void note_peak();       // the peak of activation bytes in memory
   const float* receive(Kind kind, int from, size_t n);
   // An async send from a buffer of `owner`, which is not reused before the send is done.
   void send(Kind kind, int to, const float* data, size_t n, const model::Activations* owner);
@@ -112,10 +113,13 @@ class PipelineStage {
   int P_ = 1, V_ = 1, M_ = 1, stage_ = 0;
   std::vector<StageActions> schedule_;
   std::vector<Link> links_;  // [kind][from][to], flattened; null comm where no link
-  // [microbatch][chunk]: held activations; the pool keeps released ones for reuse, so a
-  // step allocates only as many as the schedule holds at once.
+  // [microbatch][chunk]: held activations; the pools keep released ones for reuse, so a
+  // step allocates only as many as the schedule holds at once. One pool per chunk: chunks
+  // differ in blocks, and a buffer set sized for another chunk's blocks is resized (freed
+  // and faulted in again) by the forward that takes it — interleaved's chunks did that on
+  // most forwards.
   std::vector<std::vector<std::unique_ptr<model::Activations>>> acts_;
-  std::vector<std::unique_ptr<model::Activations>> pool_;
+  std::vector<std::vector<std::unique_ptr<model::Activations>>> pool_;  // [chunk]
   // With offload: finished microbatches' activations, freed once their sends are done.
   std::vector<std::unique_ptr<model::Activations>> retiring_;
   std::vector<comm::WorkPtr> sends_;
