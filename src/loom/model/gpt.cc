@@ -323,6 +323,7 @@ void Gpt::prepare(Activations& a, int first, int last, int B, int T) const {
   if (a.B == B && a.T == T && a.first == first && a.last == last &&
       a.recompute_every == recompute_every_)
     return;
+  ++sizings_;
   a = Activations{};
   a.B = B, a.T = T, a.first = first, a.last = last, a.recompute_every = recompute_every_;
   const size_t C = cfg_.n_embd, N = static_cast<size_t>(B) * T, R = rows(B, T), Cl = Cl_;

@@ -250,6 +250,9 @@ class Gpt {
   size_t activation_bytes() const;
   // Of them, what the blocks keep for backward (Activations::block_bytes).
   size_t block_activation_bytes() const { return acts_.block_bytes(); }
+  // How many times forward_units (re)sized an Activations for its units and shape: buffers
+  // allocated afresh (a reused set of the same units and shape is not counted).
+  size_t activation_sizings() const { return sizings_; }
 
  private:
   using BlockActs = Activations::Block;
@@ -348,6 +351,7 @@ class Gpt {
   Floats dx_, d_ln1_, d_qkv_, d_att_, d_atty_, d_ln2_, d_fch_, d_fch_gelu_, d_lnf_;
   Floats d_all_, d_rows_, d_lnparams_;  // gathered / reduced gradient rows
   int B_ = 0, T_ = 0;                   // the scratch's micro-batch shape
+  mutable size_t sizings_ = 0;          // activation_sizings()
 };
 
 }  // namespace loom::model
