@@ -490,6 +490,17 @@ INSTANTIATE_TEST_SUITE_P(Stages, DataParallelSteps,
                                   (info.param.shared_gather ? "" : "_gather_per_rank");
                          });
 
+// A pipeline stage's data-parallel options: its units, the last stage's copy of wte for the
+// tied head, ZeRO stage `zero`.
+parallel::DpOptions stage_options(const parallel::PipelineStage& stage, int zero) {
+  parallel::DpOptions o;
+  o.sharding = parallel::make_sharding_policy(zero);
+  o.units = stage.units();
+  o.unit0_is_head_copy = stage.last() && !stage.first();
+  o.pipeline = true;
+  return o;
+}
+
 // ZeRO-3 under a pipeline (pp 2 x dp 2 thread ranks, 4 microbatches): the losses of one
 // process within 1e-5; from the second step on, each unit is gathered ahead of its use in
 // the order the schedule runs the actions (only a step's first use waits for a gather that
@@ -556,12 +567,8 @@ TEST_P(PipelinedZero3, PrefetchesInScheduleOrderWithOneProcessLosses) {
     for (int i = 0; i < units % (P * V); ++i) ++counts[i];
     parallel::PipelineStage stage(m, groups.pp, parallel::split_units(counts, units, P * V),
                                   parallel::schedule_kind(k.schedule), M);
-    parallel::DpOptions o;
-    o.sharding = parallel::make_sharding_policy(3);
+    parallel::DpOptions o = stage_options(stage, 3);
     o.shared_gather = false;  // a copy per rank: the bound below counts whole units
-    o.units = stage.units();
-    o.unit0_is_head_copy = stage.last() && !stage.first();
-    o.pipeline = true;
     parallel::DataParallel engine(m, groups, o);
     parallel::StepComposer step(engine, groups);
     engine.init_weights(7);
@@ -629,12 +636,7 @@ TEST(PipelineStage, ChunksReuseTheirOwnActivationBuffers) {
     // blocks 0-1 and block 5 with the head.
     parallel::PipelineStage stage(m, groups.pp, parallel::split_units({1, 2, 3, 2}, units, P * V),
                                   parallel::schedule_kind("interleaved"), M);
-    parallel::DpOptions o;
-    o.sharding = parallel::make_sharding_policy(0);
-    o.units = stage.units();
-    o.unit0_is_head_copy = stage.last() && !stage.first();
-    o.pipeline = true;
-    parallel::DataParallel engine(m, groups, o);
+    parallel::DataParallel engine(m, groups, stage_options(stage, 0));
     parallel::StepComposer step(engine, groups);
     engine.init_weights(7);
     for (int s = 0; s < steps; ++s) {
