@@ -15,7 +15,7 @@
     and peak RSS per stage, the bytes spilled and the step time.
 
     /usr/bin/python3 bench/pp_vs_one.py LOOM DATA_DIR [--model small] [--microbatches 8]
-                                        [--steps 4] [--memory | --balanced]
+                                        [--steps 4] [--rounds R] [--memory | --balanced]
 
 Medians over the steps after the first. Prints markdown tables.
 """
@@ -127,6 +127,8 @@ def main():
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="interleaved rounds of the baseline and the pipelines (default table)")
     ap.add_argument("--balanced", action="store_true",
                     help="the idle-share table on a model with balanced stages")
     ap.add_argument("--layers2", type=int, default=24, help="blocks for pp 2 with --balanced")
@@ -139,30 +141,37 @@ def main():
     if a.balanced:
         balanced(a)
         return
-    one = loom(a, 1, 2)
-    rows = []
-    for P in (2, 4):
-        for schedule, V in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)):
-            r = loom(a, P, 1, "--set", "train.pp=%d" % P, "--set", "pp.schedule=" + schedule,
-                     "--set", "pp.virtual_stages=%d" % V)
-            rows.append((P, schedule, V, r))
-    print("%s, %d microbatches of 2 x %d tokens per step; one loom process x 2 threads: "
-          "%.0f ms, %.0f tokens/s\n" % (a.model, M, SHAPES[a.model][3], one["step_ms"],
-                                        one["tokens_per_s"]))
+    # Rounds interleave the baseline with the pipelines: each ratio is taken within a round
+    # (this host's speed moves by 20% over minutes), the table shows their medians.
+    configs = [(P, schedule, V) for P in (2, 4)
+               for schedule, V in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))]
+    ones, runs = [], {c: [] for c in configs}
+    for _ in range(a.rounds):
+        ones.append(loom(a, 1, 2))
+        for P, schedule, V in configs:
+            runs[(P, schedule, V)].append(loom(
+                a, P, 1, "--set", "train.pp=%d" % P, "--set", "pp.schedule=" + schedule,
+                "--set", "pp.virtual_stages=%d" % V))
+    med = statistics.median
+    print("%s, %d microbatches of 2 x %d tokens per step, %d round(s); one loom process x 2 "
+          "threads: %s ms\n" % (a.model, M, SHAPES[a.model][3], a.rounds,
+                                " / ".join("%.0f" % o["step_ms"] for o in ones)))
     print("| pp | schedule | step ms | tokens/s | vs 1 process | bubble per stage, measured | "
           "formula | activations per stage (MiB) |")
     print("|---|---|---|---|---|---|---|---|")
-    for P, schedule, V, r in rows:
+    for P, schedule, V in configs:
+        rs = runs[(P, schedule, V)]
+        r = sorted(rs, key=lambda x: x["step_ms"])[len(rs) // 2]  # the median run's details
+        ratio = med([x["tokens_per_s"] / o["tokens_per_s"] for x, o in zip(rs, ones)])
         name = schedule + (" (V %d)" % V if V > 1 else "")
         print("| %d | %s | %.0f | %.0f | %.2fx | %s | %.3f | %s |" % (
-            P, name, r["step_ms"], r["tokens_per_s"], r["tokens_per_s"] / one["tokens_per_s"],
+            P, name, r["step_ms"], r["tokens_per_s"], ratio,
             " / ".join("%.3f" % b for b in r["bubble"]), formula(schedule, P, M, V),
             " / ".join("%.0f" % x for x in r["act_mb"])))
-    by = {(P, s): r for P, s, V, r in rows}
     for P in (2, 4):
-        print("\npp %d: zb-h1 / 1f1b step time %.2fx (goal: below 1)" %
-              (P, by[(P, "zb-h1")]["step_ms"] / by[(P, "1f1b")]["step_ms"]))
-
+        zb = [x["step_ms"] / y["step_ms"] for x, y in zip(runs[(P, "zb-h1", 1)],
+                                                          runs[(P, "1f1b", 1)])]
+        print("\npp %d: zb-h1 / 1f1b step time %.2fx (goal: below 1)" % (P, med(zb)))
 
 if __name__ == "__main__":
     main()
