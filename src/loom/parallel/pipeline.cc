@@ -71,7 +71,7 @@ model::Activations& PipelineStage::hold(int m, int chunk) {
 
 void PipelineStage::release(int m, int chunk, int next_forward_chunk) {
   auto a = std::move(acts_[m][chunk]);
-  // With offload, the pool keeps one microbatch for a forward that comes next to reuse
+  // With offload, the pool keeps one microbatch for a forward of its chunk that comes next
   // (fresh buffers cost page faults); other finished microbatches' buffers leave memory (pooled,
   // every read-back buffer would stay until the next step's forwards: GPipe's backward phase would
   // hold them all again) as soon as no send reads them.
