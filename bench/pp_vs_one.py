@@ -73,6 +73,20 @@ def formula(schedule, P, M, V):
     return {"gpipe": f, "1f1b": f, "interleaved": f / V, "zb-h1": f / 3}[schedule]
 
 
+# The four schedules and their virtual stages per rank.
+SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
+
+
+def pipeline(a, P, schedule, V, *extra):
+    """`loom run -n P` with train.pp = P, 1 thread per rank."""
+    return loom(a, P, 1, "--set", "train.pp=%d" % P, "--set", "pp.schedule=" + schedule,
+                "--set", "pp.virtual_stages=%d" % V, *extra)
+
+
+def label(schedule, V):
+    return schedule + (" (V %d)" % V if V > 1 else "")
+
+
 def balanced(a):
     """The schedules on a model whose stages are balanced (more blocks of `small`, so the
     head is one stage's share, not more): each stage's idle share beside the schedule's own
@@ -85,13 +99,12 @@ def balanced(a):
           "idle share per stage, measured | formula | measured / formula (mean of stages) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for P, layers in ((2, a.layers2), (4, a.layers4)):
-        for schedule, V in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)):
-            r = loom(a, P, 1, "--set", "train.pp=%d" % P, "--set", "pp.schedule=" + schedule,
-                     "--set", "pp.virtual_stages=%d" % V, "--set", "model.n_layer=%d" % layers)
+        for schedule, V in SCHEDULES:
+            r = pipeline(a, P, schedule, V, "--set", "model.n_layer=%d" % layers)
             f = formula(schedule, P, M, V)
             c = r["compute_ms"]
             print("| %d | %d | %s | %.0f | %s | %.3f | %s | %.3f | %.2f |" % (
-                P, layers, schedule + (" (V %d)" % V if V > 1 else ""), r["step_ms"],
+                P, layers, label(schedule, V), r["step_ms"],
                 " / ".join("%.0f" % x for x in c), max(c) / min(c),
                 " / ".join("%.3f" % x for x in r["idle"]), f,
                 statistics.mean(r["idle"]) / f), flush=True)
@@ -107,14 +120,13 @@ def memory(a):
                 ("activation offload", ["--set", "train.offload_activations=true", "--set",
                                         "train.activation_loading_horizon=1"]),
                 ("2 active microbatches", ["--set", "pp.active_microbatches=2"])]
-    for schedule, V in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)):
+    for schedule, V in SCHEDULES:
         for name, extra in variants:
             if schedule == "interleaved" and "pp.active_microbatches=2" in extra:
                 continue  # interleaved takes no cap
-            r = loom(a, 2, 1, "--set", "train.pp=2", "--set", "pp.schedule=" + schedule,
-                     "--set", "pp.virtual_stages=%d" % V, *extra)
+            r = pipeline(a, 2, schedule, V, *extra)
             print("| %s | %s | %.0f | %s | %s | %.0f |" % (
-                schedule + (" (V %d)" % V if V > 1 else ""), name, r["step_ms"],
+                label(schedule, V), name, r["step_ms"],
                 " / ".join("%.0f" % x for x in r["act_mb"]),
                 " / ".join("%.0f" % x for x in r["rss_mb"]), r["spilled_mb"]), flush=True)
 
@@ -143,15 +155,12 @@ def main():
         return
     # Rounds interleave the baseline with the pipelines: each ratio is taken within a round
     # (this host's speed moves by 20% over minutes), the table shows their medians.
-    configs = [(P, schedule, V) for P in (2, 4)
-               for schedule, V in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))]
+    configs = [(P, schedule, V) for P in (2, 4) for schedule, V in SCHEDULES]
     ones, runs = [], {c: [] for c in configs}
     for _ in range(a.rounds):
         ones.append(loom(a, 1, 2))
         for P, schedule, V in configs:
-            runs[(P, schedule, V)].append(loom(
-                a, P, 1, "--set", "train.pp=%d" % P, "--set", "pp.schedule=" + schedule,
-                "--set", "pp.virtual_stages=%d" % V))
+            runs[(P, schedule, V)].append(pipeline(a, P, schedule, V))
     med = statistics.median
     print("%s, %d microbatches of 2 x %d tokens per step, %d round(s); one loom process x 2 "
           "threads: %s ms\n" % (a.model, M, SHAPES[a.model][3], a.rounds,
@@ -163,15 +172,15 @@ def main():
         rs = runs[(P, schedule, V)]
         r = sorted(rs, key=lambda x: x["step_ms"])[len(rs) // 2]  # the median run's details
         ratio = med([x["tokens_per_s"] / o["tokens_per_s"] for x, o in zip(rs, ones)])
-        name = schedule + (" (V %d)" % V if V > 1 else "")
         print("| %d | %s | %.0f | %.0f | %.2fx | %s | %.3f | %s |" % (
-            P, name, r["step_ms"], r["tokens_per_s"], ratio,
+            P, label(schedule, V), r["step_ms"], r["tokens_per_s"], ratio,
             " / ".join("%.3f" % b for b in r["bubble"]), formula(schedule, P, M, V),
             " / ".join("%.0f" % x for x in r["act_mb"])))
     for P in (2, 4):
         zb = [x["step_ms"] / y["step_ms"] for x, y in zip(runs[(P, "zb-h1", 1)],
                                                           runs[(P, "1f1b", 1)])]
         print("\npp %d: zb-h1 / 1f1b step time %.2fx (goal: below 1)" % (P, med(zb)))
+
 
 if __name__ == "__main__":
     main()
