@@ -248,10 +248,9 @@ def calibrated():
         procs = start_job([LOOM, "bench", "--op", "all", "--json", "-", *sizes], logs, env=env)
         wait_job(procs, logs)
         for line in read(logs, 0).splitlines():
-            if line.startswith("{") and not json.loads(line)["inplace"]:
-                r = json.loads(line)
-                if r["op"] in ("allreduce", "allgather", "reduce_scatter"):
-                    got[(r["op"], r["bytes"])] = r["algo"]
+            r = json.loads(line) if line.startswith("{") else None
+            if r and not r["inplace"] and r["op"] in ("allreduce", "allgather", "reduce_scatter"):
+                got[(r["op"], r["bytes"])] = r["algo"]
         return got
 
     got = choices(["LOOM_TUNING_FILE=" + table_file])
