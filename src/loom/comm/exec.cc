@@ -66,6 +66,20 @@ SendReq* Exec::send(int peer, const void* buf, size_t bytes) {
   return &r;
 }
 
+SendReq* Exec::send_and_place(int peer, const void* buf, size_t bytes, void* also) {
+  SendReq* r = send(peer, buf, bytes);
+  r->also = also;  // before the first progress(): post() only queues
+  return r;
+}
+
+void Exec::place_rest(SendReq* s) {
+  LOOM_CHECK(s->done);
+  if (s->also && s->also_got < s->bytes)
+    copy_bytes(static_cast<std::byte*>(s->also) + s->also_got,
+               static_cast<const std::byte*>(s->buf) + s->also_got, s->bytes - s->also_got);
+  s->also_got = s->bytes;
+}
+
 RecvReq* Exec::recv(int peer, void* dst, size_t bytes, const RecvReq* after) {
   return recv_reduce(peer, dst, nullptr, bytes, after);
 }

@@ -12,6 +12,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "loom/comm/reduce.h"
@@ -60,6 +61,10 @@ class Exec {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const Topology& topo() const { return topo_; }
+  // Whether `peer` is reached through a shared-memory pair (thread ranks, or this machine).
+  bool is_shm(int peer) const {
+    return peer != rank_ && pairs_[peer] && std::string_view(pairs_[peer]->kind()) == "shm";
+  }
   const Fingerprint& fp() const { return fp_; }
   DType dtype() const { return fp_.dtype; }
   ReduceOp redop() const { return fp_.redop; }
@@ -70,6 +75,11 @@ class Exec {
   void set_deadline(Deadline d) { deadline_ = d; }
 
   SendReq* send(int peer, const void* buf, size_t bytes);
+  // A send whose payload also goes to `also` here (SendReq::also): the ring's writer places
+  // it on the way instead of a separate copy reading `buf` again. place_rest() after the
+  // send is done copies what the transport did not place.
+  SendReq* send_and_place(int peer, const void* buf, size_t bytes, void* also);
+  void place_rest(SendReq* s);
   RecvReq* recv(int peer, void* dst, size_t bytes, const RecvReq* after = nullptr);
   // dst = a (op) incoming; a may alias dst.
   RecvReq* recv_reduce(int peer, void* dst, const void* a, size_t bytes,

@@ -71,6 +71,12 @@ struct SendReq {
   // same step). Point-to-point sends stay eager: a send of up to a ring's bytes completes
   // before the receiver has posted its receive.
   bool in_place_ok = false;
+  // A second destination of the payload (an allgather's own block in its output), or null: a
+  // shared-memory pair copies each piece there as it writes it into its ring, reading the
+  // source once while it is in cache, and counts the bytes placed in `also_got`; whatever
+  // is not placed when the send completes, Exec::place_rest copies.
+  void* also = nullptr;
+  size_t also_got = 0;
   // transport state
   size_t progress = 0;  // bytes of header+payload already handed to the transport
   bool done = false;

@@ -359,6 +359,16 @@ void ShmPair::write_ring(uint64_t pos, const void* src, size_t n) {
   if (first < n) std::memcpy(tx_data_, static_cast<const std::byte*>(src) + first, n - first);
 }
 
+namespace {
+// SendReq::also: bytes [off, off + n) of the payload, just written into the ring (still in
+// this core's cache), copied to the send's second destination too, in order.
+void place(SendReq& r, size_t off, size_t n) {
+  if (!r.also || r.also_got != off) return;
+  std::memcpy(static_cast<std::byte*>(r.also) + off, static_cast<const std::byte*>(r.buf) + off, n);
+  r.also_got += n;
+}
+}  // namespace
+
 bool ShmPair::progress_send() {
   bool moved = false;
   while (!sends_.empty()) {
@@ -402,6 +412,7 @@ bool ShmPair::progress_send() {
       r.progress = kSlot;
       sends_.pop_front();
       unacked_.push_back(&r);
+      place(r, 0, r.bytes);  // while the receiver reads the buffer in place
       moved = true;
       continue;
     }
@@ -420,6 +431,7 @@ bool ShmPair::progress_send() {
       if (small && free >= whole) {
         // Payload first, then the header's slot and its stamp (release): all published at once.
         write_ring(tx_pos_ + kSlot, r.buf, r.bytes);
+        place(r, 0, r.bytes);
         h.flags |= kFrameWhole;
         std::memcpy(slot, &h, sizeof h);
         store_release(stamp_word(slot), stamp_of(tx_pos_, stamp_key_));
@@ -455,6 +467,7 @@ bool ShmPair::progress_send() {
       break;
     }
     write_ring(tx_pos_, static_cast<const std::byte*>(r.buf) + sent, n);
+    place(r, sent, n);
     tx_pos_ += (n == left) ? round_up(n) : n;
     r.progress += n;
     publish(tx_tail_, tx_pos_);
