@@ -17,11 +17,14 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from bench_out import size  # noqa: E402  (64 KiB, 1 MiB: as docs/perf.md writes sizes)
 
 
-def size(s):
+def parse_size(s):  # 64K, 1M, 256M
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
 
@@ -49,8 +52,8 @@ def main():
     p.add_argument("--old", help="a second loom binary, measured in the same rounds")
     p.add_argument("--np", default="2,4")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--min", type=size, default=size("64K"))
-    p.add_argument("--max", type=size, default=size("256M"))
+    p.add_argument("--min", type=parse_size, default=parse_size("64K"))
+    p.add_argument("--max", type=parse_size, default=parse_size("256M"))
     p.add_argument("--iters", type=int, default=40)
     a = p.parse_args()
     peers = os.path.join(ROOT, "build", "peers")
@@ -70,12 +73,12 @@ def main():
         med = {k: statistics.median(v) for k, v in got.items()}
         print("\n%d ranks, heap buffers, out of place (medians of %d interleaved rounds)\n" %
               (n, a.rounds))
-        head = "| bytes | loom µs | OpenMPI µs | OpenMPI / loom |"
+        head = "| size | loom µs | OpenMPI µs | OpenMPI / loom |"
         print(head + (" old loom µs | old / new |" if a.old else ""))
         print("|---" * (4 + (2 if a.old else 0)) + "|")
         for b in sorted({k[1] for k in med}):
             lo, mp = med[("loom", b)], med[("openmpi", b)]
-            row = "| %d | %.1f | %.1f | %.2f× |" % (b, lo, mp, mp / lo)
+            row = "| %s | %.1f | %.1f | %.2f× |" % (size(b), lo, mp, mp / lo)
             if a.old:
                 row += " %.1f | %.2f× |" % (med[("old", b)], med[("old", b)] / lo)
             print(row)
