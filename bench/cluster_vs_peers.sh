@@ -8,8 +8,9 @@
 # For each LAYOUT (machines x ranks per machine, default "2x1 3x1 2x2 3x2") at RATE
 # (default 2gbit): iperf3 between machines 0 and 1, then ROUNDS interleaved rounds of loom
 # (the algorithm auto chooses; round 1 also every other valid one), OpenMPI and (round 1)
-# Gloo, allreduce / allgather / reduce_scatter, MIN..MAX bytes. Prints the markdown table
-# for docs/perf.md (bench/cluster_table.py): each figure is also a share of the machine
+# Gloo, allreduce / allgather / reduce_scatter (OPS), MIN..MAX bytes (ALGOS: the algorithms
+# forced in round 1; direct on 8 ranks at 256 MiB takes minutes a size). Prints the markdown
+# table for docs/perf.md (bench/cluster_table.py): each figure is also a share of the machine
 # link's limit, the bytes each machine's link must carry over iperf3's bandwidth.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,8 @@ mpicc -O2 -o "$peers/mpi_bench" bench/peers/mpi_bench.c
 g++ -O2 -std=c++17 -o "$peers/gloo_bench" bench/peers/gloo_bench.cc -lgloo -lpthread
 LAYOUTS=${LAYOUTS:-"2x1 3x1 2x2 3x2"} RATE=${RATE:-2gbit} ROUNDS=${ROUNDS:-3}
 MIN=${MIN:-1048576} MAX=${MAX:-67108864} FACTOR=${FACTOR:-8} ITERS=${ITERS:-5}
+ALGOS=${ALGOS:-"ring direct hier"}  # the algorithms forced in round 1 beside auto's choice
+OPS=${OPS:-"allreduce allgather reduce_scatter"}  # one op: OpenMPI runs only that one too
 trap 'bash "$C" down' EXIT
 addr() { echo "10.77.0.$(($1 + 1))"; }
 tag() { sed "s/^{/{\"layout\":\"$1\",\"rate\":\"$RATE\",${2:-}/"; }
@@ -45,12 +48,13 @@ run_loom() {  # run_loom M K LAYOUT EXTRA... : loom bench on M machines x K rank
 }
 
 run_mpi() {
-  local m=$1 k=$2 hosts="" i
+  local m=$1 k=$2 hosts="" i only=""
+  [ "$OPS" = "${OPS%% *}" ] && only=$OPS  # a single op: OpenMPI runs it alone
   for ((i = 0; i < m; i++)); do hosts+="${hosts:+,}$(addr $i):$k"; done
   bash "$C" exec 0 mpirun --allow-run-as-root --host "$hosts" -np $((m * k)) \
     --mca plm_rsh_agent "$src/bench/peers/netns_rsh.sh" --mca plm_rsh_no_tree_spawn 1 \
     --mca btl tcp,self,vader --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 \
-    "$peers/mpi_bench" "$MIN" "$MAX" "$FACTOR" "$ITERS" 2> "$out/mpi.err" | grep '^{'
+    "$peers/mpi_bench" "$MIN" "$MAX" "$FACTOR" "$ITERS" $only 2> "$out/mpi.err" | grep '^{'
 }
 
 run_gloo() {
@@ -75,10 +79,10 @@ for layout in $LAYOUTS; do
     tag "$layout" >> "$out/results.jsonl"
   wait
   for ((round = 1; round <= ROUNDS; round++)); do
-    for op in allreduce allgather reduce_scatter; do
+    for op in $OPS; do
       run_loom "$m" "$k" "$layout" --op "$op" | tag "$layout" "\"round\":$round,\"choice\":\"auto\"," >> "$out/results.jsonl"
       if ((round == 1)); then
-        for algo in ring direct hier; do
+        for algo in $ALGOS; do
           run_loom "$m" "$k" "$layout" --op "$op" --algo "$algo" | grep "\"algo\":\"$algo\"" |
             tag "$layout" "\"round\":$round,\"choice\":\"forced\"," >> "$out/results.jsonl" || true
         done

@@ -135,6 +135,10 @@ TEST(Tuning, AutoPicksTheCostModelsWinner) {
   four_hosts.size = 4;
   four_hosts.host_of = {0, 1, 2, 3};
   four_hosts.hosts = {{0}, {1}, {2}, {3}};
+  Topology four_by_two;  // 4 machines x 2 ranks
+  four_by_two.size = 8;
+  four_by_two.host_of = {0, 0, 1, 1, 2, 2, 3, 3};
+  four_by_two.hosts = {{0, 1}, {2, 3}, {4, 5}, {6, 7}};
   struct Case {
     OpKind op;
     Topology topo;
@@ -177,6 +181,10 @@ TEST(Tuning, AutoPicksTheCostModelsWinner) {
       // 1.1*48 MiB/1.7 GB/s = 32.6 ms (its rounds do not overlap across TCP: measured 13%
       // behind ring, docs/perf.md); direct 32.6 ms.
       {OpKind::kAllgather, four_hosts, 64 * MiB, Algo::kRing, "rd's rounds wait across TCP"},
+      // 4 x 2 ranks, 256 MiB allgather: hier max(local 0.4 + 256 MiB/beta_shm = 22.4 ms,
+      // inter 30 + 192 MiB/1.7 GB/s = 118.5 ms) + 30.8 us = 118.5 ms; ring 7*(30 + 32 MiB/
+      // 1.7 GB/s) = 138.4 ms. (Summing the levels, 140.8 ms, had picked ring.)
+      {OpKind::kAllgather, four_by_two, 256 * MiB, Algo::kHier, "pipelined: the slower level"},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(choose_algo(c.op, c.bytes, c.topo, m, Algo::kAuto), c.want)

@@ -210,14 +210,15 @@ double predict_us(OpKind op, Algo algo, size_t bytes, const Topology& topo, cons
           return alpha + 0.25 * alpha * (n - 2) +
                  (n - 1) * B / n * us_per_byte * (topo.all_shm() ? 1.0 : 1.1);
         case Algo::kHier: {
+          // Both are pipelined in chunks (allgather: chunk c's local gather, c-1's exchange
+          // between leaders and c-2's hand-out run at once), so the slower level sets the
+          // time: a leader moves about (k-1) B over shared memory and (h-1)/h B over its link.
+          // (The allgather was modelled as the sum of the two until 4 x 2 at 64 MiB picked
+          // ring, 77-81% of the link, where hier runs at 97%: docs/perf-history.md.)
           const int h = topo.nhosts(), k = topo.max_local();
-          if (op == OpKind::kReduceScatter) {  // pipelined: the slower level
-            const double local = m.shm.alpha_us + (k - 1) * B * 1e-3 / m.shm.gbps;
-            const double inter = m.tcp.alpha_us + (h - 1) * B / h * 1e-3 / m.tcp.gbps;
-            return std::max(local, inter) + 2 * m.shm.alpha_us + m.tcp.alpha_us;
-          }
-          return 2 * m.shm.alpha_us + B * 1e-3 / m.shm.gbps + m.tcp.alpha_us +
-                 (h - 1) * B / h * 1e-3 / m.tcp.gbps;
+          const double local = m.shm.alpha_us + (k - 1) * B * 1e-3 / m.shm.gbps;
+          const double inter = m.tcp.alpha_us + (h - 1) * B / h * 1e-3 / m.tcp.gbps;
+          return std::max(local, inter) + 2 * m.shm.alpha_us + m.tcp.alpha_us;
         }
         default:
           break;
