@@ -213,8 +213,9 @@ double predict_us(OpKind op, Algo algo, size_t bytes, const Topology& topo, cons
           // Both are pipelined in chunks (allgather: chunk c's local gather, c-1's exchange
           // between leaders and c-2's hand-out run at once), so the slower level sets the
           // time: a leader moves about (k-1) B over shared memory and (h-1)/h B over its link.
-          // (The allgather was modelled as the sum of the two until 4 x 2 at 64 MiB picked
-          // ring, 77-81% of the link, where hier runs at 97%: docs/perf-history.md.)
+          // (The allgather was modelled as the sum of the two until 4 x 2 from 64 MiB picked
+          // ring at 78-81% of the link; hier ran at 79-86% there, 97-98% up to 16 MiB:
+          // docs/perf-history.md "Across machines at 10 Gbit/s".)
           const int h = topo.nhosts(), k = topo.max_local();
           const double local = m.shm.alpha_us + (k - 1) * B * 1e-3 / m.shm.gbps;
           const double inter = m.tcp.alpha_us + (h - 1) * B / h * 1e-3 / m.tcp.gbps;
