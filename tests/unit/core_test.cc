@@ -127,18 +127,15 @@ TEST(Tuning, AutoPicksTheCostModelsWinner) {
     for (int r = 0; r < n; ++r) t.host_of.push_back(0), t.hosts[0].push_back(r);
     return t;
   };
-  Topology two_hosts;  // 2 machines x 2 ranks
-  two_hosts.size = 4;
-  two_hosts.host_of = {0, 0, 1, 1};
-  two_hosts.hosts = {{0, 1}, {2, 3}};
-  Topology four_hosts;  // 4 machines x 1 rank
-  four_hosts.size = 4;
-  four_hosts.host_of = {0, 1, 2, 3};
-  four_hosts.hosts = {{0}, {1}, {2}, {3}};
-  Topology four_by_two;  // 4 machines x 2 ranks
-  four_by_two.size = 8;
-  four_by_two.host_of = {0, 0, 1, 1, 2, 2, 3, 3};
-  four_by_two.hosts = {{0, 1}, {2, 3}, {4, 5}, {6, 7}};
+  auto machines = [](int h, int k) {  // h machines x k ranks, consecutive ranks per machine
+    Topology t;
+    t.size = h * k;
+    t.hosts.resize(h);
+    for (int r = 0; r < h * k; ++r) t.host_of.push_back(r / k), t.hosts[r / k].push_back(r);
+    return t;
+  };
+  const Topology two_hosts = machines(2, 2), four_hosts = machines(4, 1),
+                 four_by_two = machines(4, 2);
   struct Case {
     OpKind op;
     Topology topo;
