@@ -15,7 +15,8 @@
     and peak RSS per stage, the bytes spilled and the step time.
 
     /usr/bin/python3 bench/pp_vs_one.py LOOM DATA_DIR [--model small] [--microbatches 8]
-                                        [--steps 4] [--rounds R] [--memory | --balanced]
+                                        [--steps 4] [--rounds R] [--seq-len T]
+                                        [--memory | --balanced]
 
 Medians over the steps after the first. Prints markdown tables.
 """
@@ -33,7 +34,7 @@ from train_vs_pytorch import SHAPES  # noqa: E402
 
 
 def loom(a, n, threads, *extra):
-    L, NH, C, T, B = SHAPES[a.model]
+    T = seq_len(a)
     run_dir = tempfile.mkdtemp(prefix="loom-pp-bench-")
     shutil.rmtree(run_dir)
     B = 2  # sequences per microbatch
@@ -68,6 +69,11 @@ def loom(a, n, threads, *extra):
     return out
 
 
+def seq_len(a):
+    """Tokens per sequence: --seq-len, or the model's shape in bench/train_vs_pytorch.py."""
+    return a.seq_len or SHAPES[a.model][3]
+
+
 def formula(schedule, P, M, V):
     f = (P - 1) / M
     return {"gpipe": f, "1f1b": f, "interleaved": f / V, "zb-h1": f / 3}[schedule]
@@ -94,7 +100,7 @@ def balanced(a):
     M = a.microbatches
     print("%s with more blocks, %d microbatches of 2 x %d tokens per step, 1 thread per rank; "
           "idle share = (step - passes - optimizer - data) / passes, per stage\n" % (
-              a.model, M, SHAPES[a.model][3]))
+              a.model, M, seq_len(a)))
     print("| pp | blocks | schedule | step ms | passes per stage (ms) | balance (max / min) | "
           "idle share per stage, measured | formula | measured / formula (mean of stages) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -112,7 +118,7 @@ def balanced(a):
 
 def memory(a):
     print("%s, pp 2, %d microbatches of 2 x %d tokens per step, 1 thread per rank\n" % (
-        a.model, a.microbatches, SHAPES[a.model][3]))
+        a.model, a.microbatches, seq_len(a)))
     print("| schedule | variant | step ms | activations per stage (MiB) | peak RSS per stage (MiB)"
           " | spilled per step (MiB) |")
     print("|---|---|---|---|---|---|")
@@ -138,6 +144,8 @@ def main():
     ap.add_argument("--model", default="small")
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=0,
+                    help="tokens per sequence (default: the model's shape, 1024 for gpt2-124m)")
     ap.add_argument("--memory", action="store_true")
     ap.add_argument("--rounds", type=int, default=1,
                     help="interleaved rounds of the baseline and the pipelines (default table)")
@@ -163,7 +171,7 @@ def main():
             runs[(P, schedule, V)].append(pipeline(a, P, schedule, V))
     med = statistics.median
     print("%s, %d microbatches of 2 x %d tokens per step, %d round(s); one loom process x 2 "
-          "threads: %s ms\n" % (a.model, M, SHAPES[a.model][3], a.rounds,
+          "threads: %s ms\n" % (a.model, M, seq_len(a), a.rounds,
                                 " / ".join("%.0f" % o["step_ms"] for o in ones)))
     print("| pp | schedule | step ms | tokens/s | vs 1 process | bubble per stage, measured | "
           "formula | activations per stage (MiB) |")
