@@ -160,6 +160,101 @@ TEST(PipelineSchedule, TheValidatorCatchesBrokenSchedules) {
                {1, 0, Pass::kBW}, {2, 0, Pass::kF}, {2, 0, Pass::kBW}};
   EXPECT_EQ(validate_schedule(cyclic, 2, 3, 1), "");
   EXPECT_TRUE(simulate_schedule(cyclic, 2, 1).deadlock);
+  // Head passes: one per microbatch, on stage 0, after its forward there, in the order of the
+  // last stage's forwards and backwards.
+  auto headed = s;
+  add_head_passes(headed, 2, 1, {}, {1, 0});
+  ASSERT_EQ(validate_schedule(headed, 2, 3, 1), "");
+  auto on_last = headed;
+  on_last[1].insert(on_last[1].begin() + 1, {0, 0, Pass::kH});
+  EXPECT_NE(validate_schedule(on_last, 2, 3, 1).find("runs on stage 0"), std::string::npos);
+  auto missing = headed;
+  std::erase(missing[0], PipelineAction{2, 0, Pass::kH});
+  EXPECT_NE(validate_schedule(missing, 2, 3, 1).find("of the 3 microbatches"), std::string::npos);
+  auto twice = headed;
+  twice[0].push_back({0, 0, Pass::kH});
+  EXPECT_NE(validate_schedule(twice, 2, 3, 1).find("appears twice"), std::string::npos);
+  auto before = headed;  // H0 ahead of stage 0's F0
+  std::erase(before[0], PipelineAction{0, 0, Pass::kH});
+  before[0].insert(before[0].begin(), {0, 0, Pass::kH});
+  EXPECT_NE(validate_schedule(before, 2, 3, 1).find("runs before its forward"), std::string::npos);
+  auto swapped = headed;  // H1 before H0
+  auto h0 = std::find(swapped[0].begin(), swapped[0].end(), PipelineAction{0, 0, Pass::kH});
+  auto h1 = std::find(swapped[0].begin(), swapped[0].end(), PipelineAction{1, 0, Pass::kH});
+  std::iter_swap(h0, h1);
+  EXPECT_NE(validate_schedule(swapped, 2, 3, 1).find("in another order"), std::string::npos);
+  // Placed after the backward it unblocks: valid by order, but the stages wait on each other
+  // (the placement is what prevents that).
+  auto late = s;
+  late[0] = {{0, 0, Pass::kF},  {1, 0, Pass::kF}, {0, 0, Pass::kBW},
+             {0, 0, Pass::kH},  {2, 0, Pass::kF}, {1, 0, Pass::kH},
+             {1, 0, Pass::kBW}, {2, 0, Pass::kH}, {2, 0, Pass::kBW}};
+  EXPECT_EQ(validate_schedule(late, 2, 3, 1), "");
+  EXPECT_TRUE(simulate_schedule(late, 2, 1, {}, {1, 0}).deadlock);
+}
+
+// The head split as schedule data: stage 0 takes a share of the head (H passes, placed where
+// a run finds them ready) for every schedule and shape, and the result is valid and runs.
+TEST(PipelineSchedule, HeadPassesArePlacedValidAndRunThrough) {
+  int checked = 0;
+  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
+                         ScheduleKind::kZeroBubbleH1})
+    for (int P = 2; P <= 4; ++P)
+      for (int M = P; M <= 8; ++M) {
+        const int V = k == ScheduleKind::kInterleaved ? 2 : 1;
+        auto s = make_schedule(k, P, M, V);
+        const size_t before = s[0].size();
+        const ScheduleTiming placed = add_head_passes(s, P, V, {}, {0.7, 0});
+        ASSERT_EQ(s[0].size(), before + M);
+        ASSERT_EQ(validate_schedule(s, P, M, V), "")
+            << schedule_name(k) << " P " << P << " M " << M;
+        const ScheduleTiming t = simulate_schedule(s, P, V, {}, {0.7, 0});
+        ASSERT_FALSE(t.deadlock);
+        EXPECT_DOUBLE_EQ(t.makespan, placed.makespan);  // the placing run is this schedule's run
+        EXPECT_DOUBLE_EQ(t.busy[0],
+                         simulate_schedule(make_schedule(k, P, M, V), P, V).busy[0] + 0.7 * M);
+        ++checked;
+      }
+  EXPECT_EQ(checked, 4 * (7 + 6 + 5));
+  // 1F1B, P 2, M 3, unit costs, H 1: H(m) runs as soon as F(m) of the last stage is done
+  // and stage 0 is free (H1 is ready at 6, while BW0 runs 5-7; at 7 it goes before F2).
+  auto o = make_schedule(ScheduleKind::kOneFOneB, 2, 3);
+  add_head_passes(o, 2, 1, {}, {1, 0});
+  EXPECT_EQ(render(o[0]), "F0 F1 H0 BW0 H1 F2 BW1 H2 BW2");
+  EXPECT_EQ(render(o[1]), "F0 BW0 F1 BW1 F2 BW2");
+}
+
+// What the split is for: `small`'s head (2VC per token forward) outweighs its six blocks, so
+// today's best cut (the blocks on stage 0, the head alone on stage 1) idles stage 0. With a
+// share r of the head's rows on stage 0 (H: its forward and backward, 3 r head) and k of the
+// blocks, the best (k, r) shortens 1F1B's and ZB-H1's simulated step by a fifth (one rank's
+// step / 1.88 and / 1.94, from / 1.50 and / 1.57), GPipe's by 6% (its H's lengthen the phase of
+// forwards on stage 0).
+TEST(PipelineSchedule, TheHeadSplitBalancesSmall) {
+  const double C = 384, T = 256, Vocab = 50257;
+  const double block = 24 * C * C + 4 * C * T, head = 2 * Vocab * C;  // forward, per token
+  const double work = 8 * 3 * (6 * block + head);                     // one rank's step
+  for (auto [k, gain] : {std::pair{ScheduleKind::kGPipe, 0.96},
+                         {ScheduleKind::kOneFOneB, 0.82},
+                         {ScheduleKind::kZeroBubbleH1, 0.82}}) {
+    const auto now = simulate_schedule(make_schedule(k, 2, 8), 2, 1, {6 * block, head});
+    double best = 1e300;
+    for (int blocks = 1; blocks <= 5; ++blocks)
+      for (int i = 1; i < 20; ++i) {
+        const double r = i / 20.0;
+        const std::vector<double> cost = {blocks * block, (6 - blocks) * block + (1 - r) * head};
+        const HeadSplitCost share = {3 * r * head, (1 - r) * head};
+        auto s = make_schedule(k, 2, 8);
+        const double placed = add_head_passes(s, 2, 1, cost, share).makespan;
+        const auto t = simulate_schedule(s, 2, 1, cost, share);
+        ASSERT_FALSE(t.deadlock);
+        ASSERT_DOUBLE_EQ(t.makespan, placed);
+        best = std::min(best, t.makespan);
+      }
+    EXPECT_LT(best, gain * now.makespan) << schedule_name(k) << ": " << best / work << " vs "
+                                         << now.makespan / work << " of one rank's step";
+    EXPECT_GT(now.makespan, 0.6 * work) << schedule_name(k);
+  }
 }
 
 TEST(PipelineSchedule, BadShapesAndNames) {

@@ -116,7 +116,7 @@ std::vector<StageActions> zero_bubble_h1(int P, int M, int A) {
 }  // namespace
 
 const char* pass_name(Pass p) {
-  const char* names[] = {"F", "BW", "B", "W"};
+  const char* names[] = {"F", "BW", "B", "W", "H"};
   return names[static_cast<int>(p)];
 }
 
@@ -186,11 +186,22 @@ std::string validate_schedule(const std::vector<StageActions>& s, int P, int M, 
     return "stage " + std::to_string(p) + " " + pass_name(a.pass) + "(microbatch " +
            std::to_string(a.microbatch) + ", chunk " + std::to_string(a.chunk) + ")";
   };
+  std::vector<int> heads;  // the microbatches of stage 0's H passes, in order
   for (int p = 0; p < P; ++p) {
     std::map<Key, std::set<Pass>> seen;
     for (const PipelineAction& a : s[p]) {
       if (a.microbatch < 0 || a.microbatch >= M || a.chunk < 0 || a.chunk >= V)
         return name(p, a) + " is out of range";
+      if (a.pass == Pass::kH) {
+        if (p != 0 || P < 2 || a.chunk != 0)
+          return name(p, a) + ": the head's share runs on stage 0 (chunk 0) of a pipeline";
+        if (std::count(heads.begin(), heads.end(), a.microbatch))
+          return name(p, a) + " appears twice";
+        if (!seen[{a.microbatch, 0}].count(Pass::kF))
+          return name(p, a) + " runs before its forward";
+        heads.push_back(a.microbatch);
+        continue;
+      }
       auto& passes = seen[{a.microbatch, a.chunk}];
       if (passes.count(a.pass)) return name(p, a) + " appears twice";
       const bool has_f = passes.count(Pass::kF) > 0;
@@ -235,6 +246,23 @@ std::string validate_schedule(const std::vector<StageActions>& s, int P, int M, 
              std::to_string(from) + " to stage " + std::to_string(to) +
              " are received in another order than they are sent";
   }
+  if (heads.empty()) return "";
+  if (static_cast<int>(heads.size()) != M)
+    return "stage 0 runs the head's share of " + std::to_string(heads.size()) + " of the " +
+           std::to_string(M) + " microbatches";
+  // The head's channel: the last stage sends each F(m, last)'s final norm output, stage 0
+  // answers each H(m) with its input gradient, which B/BW(m, last) receives.
+  std::vector<int> forwards, backwards;
+  for (const PipelineAction& a : s[P - 1]) {
+    if (a.chunk != V - 1) continue;
+    if (a.pass == Pass::kF) forwards.push_back(a.microbatch);
+    if (a.pass == Pass::kB || a.pass == Pass::kBW) backwards.push_back(a.microbatch);
+  }
+  if (forwards != heads)
+    return "stage 0 runs the head's shares in another order than the last stage's forwards";
+  if (backwards != heads)
+    return "the last stage's backwards take the head's gradients in another order than stage 0 "
+           "sends them";
   return "";
 }
 
@@ -244,56 +272,121 @@ double ScheduleTiming::bubble() const {
   return worst;
 }
 
-ScheduleTiming simulate_schedule(const std::vector<StageActions>& s, int P, int V,
-                                 const std::vector<double>& forward_cost) {
+namespace {
+
+// Runs the lists in time order: each step starts, over all stages, the action that can
+// start earliest (its inputs done, its stage free; ties to the lower stage). With `place`,
+// stage 0 also holds the H passes not placed yet, in the order of the last stage's
+// forwards, and starts the next one whenever it can start no later than its list's next
+// action; its list becomes the order it ran. Starting times do not depend on the order the
+// run visits the stages in, only on the lists; time order is what makes the placement's
+// "no later than" exact (an input not simulated yet cannot be done before the earliest
+// start that is) — up to the head's overlaps, which let an input count a little before its
+// producer ends: there a placement may come out later than the earliest, still valid (the
+// run is its witness).
+ScheduleTiming run(std::vector<StageActions>& s, int P, int V,
+                   const std::vector<double>& forward_cost, HeadSplitCost head, bool place) {
   const int VS = P * V;
   LOOM_CHECK(forward_cost.empty() || static_cast<int>(forward_cost.size()) == VS);
   auto cost = [&](Pass pass, int v) {
+    if (pass == Pass::kH) return head.head;
     return (pass == Pass::kBW ? 2.0 : 1.0) * (forward_cost.empty() ? 1.0 / V : forward_cost[v]);
   };
   // When each (pass, microbatch, virtual stage) finished; B and BW count as "backward".
   std::map<std::tuple<int, int, int>, double> done;
-  auto pass_id = [](Pass p) { return p == Pass::kF ? 0 : p == Pass::kW ? 2 : 1; };
+  auto pass_id = [](Pass p) {
+    return p == Pass::kF ? 0 : p == Pass::kW ? 2 : p == Pass::kH ? 3 : 1;
+  };
+  bool split = place;
+  for (const auto& a : s)
+    for (const PipelineAction& x : a) split = split || x.pass == Pass::kH;
+  std::vector<int> pending;  // H's to place
+  if (place)
+    for (const PipelineAction& x : s[P - 1])
+      if (x.pass == Pass::kF && x.chunk == V - 1) pending.push_back(x.microbatch);
+  size_t placed = 0;
+  StageActions order0;  // stage 0's actions as run (place)
   ScheduleTiming t;
   t.busy.assign(P, 0), t.idle.assign(P, 0), t.peak_in_flight.assign(P, 0);
   std::vector<size_t> next(P, 0);
   std::vector<double> free_at(P, 0);
   std::vector<int> held(P, 0);
-  size_t remaining = 0;
+  size_t remaining = pending.size();
   for (const auto& a : s) remaining += a.size();
-  for (bool progress = true; remaining > 0 && progress;) {
-    progress = false;
+  // When action a of stage p can start, or -1 while an input is not done.
+  auto start_of = [&](int p, const PipelineAction& a) {
+    const int v = a.chunk * P + p;
+    double ready = free_at[p];
+    // `early`: how long before its end the input may arrive (the head's shares overlap).
+    auto need = [&](int pass, int vv, double early = 0) {
+      auto it = done.find({pass, a.microbatch, vv});
+      if (it == done.end()) return false;
+      ready = std::max(ready, it->second - early);
+      return true;
+    };
+    bool ok = true;
+    if (a.pass == Pass::kF && v > 0) ok = need(0, v - 1);
+    if (a.pass == Pass::kB || a.pass == Pass::kBW)
+      ok = need(0, v) &&
+           (v + 1 < VS ? need(1, v + 1)
+                       : !split || need(3, 0, (a.pass == Pass::kBW ? 2 : 1) * head.last_share));
+    if (a.pass == Pass::kW) ok = need(1, v);
+    if (a.pass == Pass::kH) ok = need(0, VS - 1, head.last_share);
+    return ok ? ready : -1.0;
+  };
+  while (remaining > 0) {
+    int best_p = -1;
+    bool best_h = false;
+    double best = 0;
     for (int p = 0; p < P; ++p) {
-      while (next[p] < s[p].size()) {
-        const PipelineAction& a = s[p][next[p]];
-        const int v = a.chunk * P + p;
-        double ready = free_at[p];
-        auto need = [&](int pass, int vv) {
-          auto it = done.find({pass, a.microbatch, vv});
-          if (it == done.end()) return false;
-          ready = std::max(ready, it->second);
-          return true;
-        };
-        bool ok = true;
-        if (a.pass == Pass::kF && v > 0) ok = need(0, v - 1);
-        if (a.pass == Pass::kB || a.pass == Pass::kBW)
-          ok = need(0, v) && (v + 1 >= VS || need(1, v + 1));
-        if (a.pass == Pass::kW) ok = need(1, v);
-        if (!ok) break;
-        const double end = ready + cost(a.pass, v);
-        done[{pass_id(a.pass), a.microbatch, v}] = end;
-        free_at[p] = end;
-        t.busy[p] += cost(a.pass, v);
-        if (a.pass == Pass::kF) t.peak_in_flight[p] = std::max(t.peak_in_flight[p], ++held[p]);
-        if (a.pass == Pass::kBW || a.pass == Pass::kW) --held[p];
-        ++next[p], --remaining, progress = true;
+      if (next[p] < s[p].size()) {
+        const double at = start_of(p, s[p][next[p]]);
+        if (at >= 0 && (best_p < 0 || at < best)) best_p = p, best = at, best_h = false;
+      }
+      if (p == 0 && placed < pending.size()) {
+        const double at = start_of(0, {pending[placed], 0, Pass::kH});
+        if (at >= 0 && (best_p < 0 || at <= best)) best_p = 0, best = at, best_h = true;
       }
     }
+    if (best_p < 0) break;  // deadlock
+    const int p = best_p;
+    const PipelineAction a =
+        best_h ? PipelineAction{pending[placed++], 0, Pass::kH} : s[p][next[p]++];
+    const int v = a.pass == Pass::kH ? 0 : a.chunk * P + p;
+    const double end = best + cost(a.pass, v);
+    done[{pass_id(a.pass), a.microbatch, a.pass == Pass::kH ? 0 : v}] = end;
+    free_at[p] = end;
+    t.busy[p] += cost(a.pass, v);
+    if (a.pass == Pass::kF) t.peak_in_flight[p] = std::max(t.peak_in_flight[p], ++held[p]);
+    if (a.pass == Pass::kBW || a.pass == Pass::kW) --held[p];
+    if (place && p == 0) order0.push_back(a);
+    --remaining;
   }
   t.deadlock = remaining > 0;
   for (int p = 0; p < P; ++p) t.makespan = std::max(t.makespan, free_at[p]);
   for (int p = 0; p < P; ++p) t.idle[p] = t.makespan - t.busy[p];
+  if (place) {
+    LOOM_CHECK_MSG(!t.deadlock, "the head's shares could not be placed: the schedule deadlocks");
+    s[0] = std::move(order0);
+  }
   return t;
+}
+
+}  // namespace
+
+ScheduleTiming simulate_schedule(const std::vector<StageActions>& s, int P, int V,
+                                 const std::vector<double>& forward_cost, HeadSplitCost head) {
+  auto copy = s;
+  return run(copy, P, V, forward_cost, head, false);
+}
+
+ScheduleTiming add_head_passes(std::vector<StageActions>& s, int P, int V,
+                               const std::vector<double>& forward_cost, HeadSplitCost head) {
+  LOOM_CHECK_MSG(P >= 2, "the head split needs a pipeline of at least two stages");
+  for (const auto& a : s)
+    for (const PipelineAction& x : a)
+      LOOM_CHECK_MSG(x.pass != Pass::kH, "the schedule has its head passes already");
+  return run(s, P, V, forward_cost, head, true);
 }
 
 }  // namespace loom::parallel

@@ -8,9 +8,15 @@
 //   F  forward of the chunk for the microbatch;
 //   BW the whole backward (input and weight gradients) — GPipe, 1F1B, interleaved;
 //   B  the input gradient only, and W the weight gradient only — zero-bubble schedules,
-//      which run B on the critical path and defer W into the bubbles.
+//      which run B on the critical path and defer W into the bubbles;
+//   H  the head split (schedule data only so far: make_schedule does not emit it and the
+//      executor does not run it): stage 0, which holds the tied embedding, runs the head's
+//      forward and backward over a share of microbatch m's rows. H(m) reads the final
+//      norm's output of F(m) on the last virtual stage and sends its input gradient to
+//      B/BW(m) there, over a channel of its own (last stage -> stage 0 and back).
 // Dependencies: F(m, v) needs F(m, v-1); B/BW(m, v) needs F(m, v) and B/BW(m, v+1);
-// W(m, v) needs B(m, v). Messages between neighbouring stages (activations forward,
+// W(m, v) needs B(m, v); with H passes, H(m) needs F(m, last) and B/BW(m, last) needs H(m).
+// Messages between neighbouring stages (activations forward,
 // gradients backward) travel on two channels; on each channel and direction a receiver
 // consumes messages in the order its sender produced them (checked by validate_schedule),
 // so a FIFO transport with receives posted ahead runs any valid schedule without deadlock.
@@ -41,8 +47,8 @@
 
 namespace loom::parallel {
 
-enum class Pass { kF, kBW, kB, kW };
-const char* pass_name(Pass p);  // "F", "BW", "B", "W"
+enum class Pass { kF, kBW, kB, kW, kH };
+const char* pass_name(Pass p);  // "F", "BW", "B", "W", "H"
 
 struct PipelineAction {
   int microbatch = 0;
@@ -66,13 +72,23 @@ std::vector<StageActions> make_schedule(ScheduleKind kind, int P, int M, int V =
 
 // "" when the schedule is valid: every (microbatch, chunk) has one F and either one BW or
 // one B and one W, all on its stage; each backward after its forward and each W after its B
-// on that stage; and on each channel the receiver's order equals the sender's. Otherwise
-// what is wrong, naming the stage and the action.
+// on that stage; H passes, if any, one per microbatch on stage 0 (P >= 2), each after that
+// stage's F of the microbatch; and on each channel the receiver's order equals the
+// sender's. Otherwise what is wrong, naming the stage and the action.
 std::string validate_schedule(const std::vector<StageActions>& s, int P, int M, int V);
+
+// The head split's costs: an H pass's time on stage 0, and the last virtual stage's own share
+// of the head's forward (part of its forward_cost), which its F runs after it has sent the
+// head's input — so H(m) can start that long before F(m, last) ends — and whose backward
+// (as long again in B, twice in BW) its B/BW(m) runs before it needs H(m)'s gradient.
+struct HeadSplitCost {
+  double head = 0, last_share = 0;
+};
 
 // The schedule run with unit costs (F = B = W = 1/V, BW = 2/V; transfers free; a stage waits
 // when its next action's input is not there yet), or with `forward_cost[v]` per virtual
-// stage v = chunk * P + stage (B = W = F, BW = 2F) when given (the planner's seconds).
+// stage v = chunk * P + stage (B = W = F, BW = 2F) when given (the planner's seconds); H
+// passes as `head` says.
 struct ScheduleTiming {
   bool deadlock = false;            // some stage waits for an action that never runs
   double makespan = 0;              // the step
@@ -82,6 +98,15 @@ struct ScheduleTiming {
   double bubble() const;
 };
 ScheduleTiming simulate_schedule(const std::vector<StageActions>& s, int P, int V,
-                                 const std::vector<double>& forward_cost = {});
+                                 const std::vector<double>& forward_cost = {},
+                                 HeadSplitCost head = {});
+
+// The head split's placement: puts H(m) for every microbatch into stage 0's list (P >= 2),
+// in the order the last stage runs F(m, last), each where a run with these costs (as in
+// simulate_schedule) finds it ready — ahead of the list's next action unless that one
+// could start earlier — so the last stage waits for it as little as the costs allow. The
+// run is a witness that the order cannot deadlock. Returns that run's timing.
+ScheduleTiming add_head_passes(std::vector<StageActions>& s, int P, int V,
+                               const std::vector<double>& forward_cost, HeadSplitCost head);
 
 }  // namespace loom::parallel
