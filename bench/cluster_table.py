@@ -34,9 +34,11 @@ for layout in layouts:
     link = gbps[0] / 8 if gbps else None  # GB/s
     print("\n%s (%s machines x %s ranks), links %s; iperf3 %.2f Gbit/s\n" %
           (layout, h, layout.split("x")[1], rs[0]["rate"], gbps[0] if gbps else float("nan")))
-    print("| op | size | loom (auto) | % of link limit | other loom algorithms | OpenMPI | "
-          "loom/OpenMPI | Gloo | loom/Gloo |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    tuned = any(r.get("peer") == "openmpi-tuned" for r in rs)  # MPI_MCA was set
+    print("| op | size | loom (auto) | %% of link limit | other loom algorithms | OpenMPI | "
+          "loom/OpenMPI | %sGloo | loom/Gloo |" % (
+              "OpenMPI tuned | loom/OpenMPI tuned | " if tuned else ""))
+    print("|---|---|---|---|---|---|---|---|---|%s" % ("---|---|" if tuned else ""))
     auto, forced, peer = defaultdict(list), defaultdict(dict), defaultdict(list)
     for r in rs:
         if r.get("peer") == "iperf3":
@@ -46,7 +48,7 @@ for layout in layouts:
             auto[key].append(r)
         elif r.get("choice") == "forced":
             forced[key][r["algo"]] = r["algbw"]
-        elif r.get("peer") in ("openmpi", "gloo"):
+        elif r.get("peer") in ("openmpi", "openmpi-tuned", "gloo"):
             peer[(r["peer"],) + key].append(r["algbw"])
     for op in ("allreduce", "allgather", "reduce_scatter"):
         for b in sorted({k[1] for k in auto if k[0] == op}):
@@ -58,8 +60,12 @@ for layout in layouts:
                                if k != algo)
             mpi = med(peer[("openmpi", op, b)])
             gloo = med(peer[("gloo", op, b)])
-            print("| %s | %s | %s %.3f | %s | %s | %s | %s | %s | %s |" % (
+            peers = [mpi]
+            if tuned:
+                peers.append(med(peer[("openmpi-tuned", op, b)]))
+            ratios = " | ".join("%s | %s" % ("%.3f" % x if x else "-",
+                                             "%.2fx" % (bw / x) if x else "-") for x in peers)
+            print("| %s | %s | %s %.3f | %s | %s | %s | %s | %s |" % (
                 op, size(b), algo, bw, "%.0f%%" % (100 * bw / limit) if limit else "",
-                others or "-", "%.3f" % mpi if mpi else "-",
-                "%.2fx" % (bw / mpi) if mpi else "-", "%.3f" % gloo if gloo else "-",
+                others or "-", ratios, "%.3f" % gloo if gloo else "-",
                 "%.1fx" % (bw / gloo) if gloo else "-"))

@@ -12,6 +12,9 @@
 # forced in round 1; direct on 8 ranks at 256 MiB takes minutes a size). Prints the markdown
 # table for docs/perf.md (bench/cluster_table.py): each figure is also a share of the machine
 # link's limit, the bytes each machine's link must carry over iperf3's bandwidth.
+# MPI_MCA="name=value ...": every round also runs OpenMPI with these MCA parameters (e.g.
+# "btl_tcp_links=2 btl_tcp_sndbuf=4194304 btl_tcp_rcvbuf=4194304", loom's two streams and
+# socket buffers), a second peer column ("OpenMPI tuned").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench/out/cluster-$(date +%Y%m%d-%H%M%S)}
@@ -27,6 +30,7 @@ LAYOUTS=${LAYOUTS:-"2x1 3x1 2x2 3x2"} RATE=${RATE:-2gbit} ROUNDS=${ROUNDS:-3}
 MIN=${MIN:-1048576} MAX=${MAX:-67108864} FACTOR=${FACTOR:-8} ITERS=${ITERS:-5}
 ALGOS=${ALGOS:-"ring direct hier"}  # the algorithms forced in round 1 beside auto's choice
 OPS=${OPS:-"allreduce allgather reduce_scatter"}  # one op: OpenMPI runs only that one too
+MPI_MCA=${MPI_MCA:-}
 trap 'bash "$C" down' EXIT
 addr() { echo "10.77.0.$(($1 + 1))"; }
 tag() { sed "s/^{/{\"layout\":\"$1\",\"rate\":\"$RATE\",${2:-}/"; }
@@ -47,14 +51,17 @@ run_loom() {  # run_loom M K LAYOUT EXTRA... : loom bench on M machines x K rank
   grep '^{' "$out/loom_rank0.out"
 }
 
-run_mpi() {
-  local m=$1 k=$2 hosts="" i only=""
+run_mpi() {  # run_mpi M K [name=value ...]: OpenMPI, with extra MCA parameters if given
+  local m=$1 k=$2 hosts="" i only="" kv mca=()
+  shift 2
+  for kv in "$@"; do mca+=(--mca "${kv%%=*}" "${kv#*=}"); done
   [ "$OPS" = "${OPS%% *}" ] && only=$OPS  # a single op: OpenMPI runs it alone
   for ((i = 0; i < m; i++)); do hosts+="${hosts:+,}$(addr $i):$k"; done
   bash "$C" exec 0 mpirun --allow-run-as-root --host "$hosts" -np $((m * k)) \
     --mca plm_rsh_agent "$src/bench/peers/netns_rsh.sh" --mca plm_rsh_no_tree_spawn 1 \
     --mca btl tcp,self,vader --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 \
-    "$peers/mpi_bench" "$MIN" "$MAX" "$FACTOR" "$ITERS" $only 2> "$out/mpi.err" | grep '^{'
+    "${mca[@]}" "$peers/mpi_bench" "$MIN" "$MAX" "$FACTOR" "$ITERS" $only 2> "$out/mpi.err" |
+    grep '^{'
 }
 
 run_gloo() {
@@ -89,6 +96,11 @@ for layout in $LAYOUTS; do
       fi
     done
     run_mpi "$m" "$k" | tag "$layout" "\"round\":$round," >> "$out/results.jsonl"
+    if [ -n "$MPI_MCA" ]; then
+      # shellcheck disable=SC2086  # the parameters are words
+      run_mpi "$m" "$k" $MPI_MCA | sed 's/"peer":"openmpi"/"peer":"openmpi-tuned"/' |
+        tag "$layout" "\"round\":$round," >> "$out/results.jsonl"
+    fi
     if ((round == 1)); then run_gloo "$m" "$k" | tag "$layout" "\"round\":$round," >> "$out/results.jsonl"; fi
   done
   bash "$C" down
