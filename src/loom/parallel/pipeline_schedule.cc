@@ -274,18 +274,20 @@ double ScheduleTiming::bubble() const {
 
 namespace {
 
-// Runs the lists in time order: each step starts, over all stages, the action that can
-// start earliest (its inputs done, its stage free; ties to the lower stage). With `place`,
-// stage 0 also holds the H passes not placed yet, in the order of the last stage's
-// forwards, and starts the next one whenever it can start no later than its list's next
-// action; its list becomes the order it ran. Starting times do not depend on the order the
-// run visits the stages in, only on the lists; time order is what makes the placement's
-// "no later than" exact (an input not simulated yet cannot be done before the earliest
-// start that is) — up to the head's overlaps, which let an input count a little before its
-// producer ends: there a placement may come out later than the earliest, still valid (the
-// run is its witness).
-ScheduleTiming run(std::vector<StageActions>& s, int P, int V,
-                   const std::vector<double>& forward_cost, HeadSplitCost head, bool place) {
+// Runs the lists: an action starts when its stage is free and its inputs are done. Those
+// times do not depend on the order a run visits the stages in, only on the lists. With
+// `placed_list`, stage 0 also holds the H passes not placed yet, in the order of the last
+// stage's forwards, and starts the next one whenever it can start no later than its list's
+// next action; the order it ran goes to `placed_list`. That run goes in time order — each
+// step starts, over all stages, the action that can start earliest (ties to the lower
+// stage) — which makes "no later than" exact (an input not simulated yet cannot be done
+// before the earliest start that is), up to the head's overlaps, which let an input count a
+// little before its producer ends: there a placement may come out later than the earliest,
+// still valid (the run is its witness).
+ScheduleTiming run(const std::vector<StageActions>& s, int P, int V,
+                   const std::vector<double>& forward_cost, HeadSplitCost head,
+                   StageActions* placed_list) {
+  const bool place = placed_list != nullptr;
   const int VS = P * V;
   LOOM_CHECK(forward_cost.empty() || static_cast<int>(forward_cost.size()) == VS);
   auto cost = [&](Pass pass, int v) {
@@ -305,7 +307,6 @@ ScheduleTiming run(std::vector<StageActions>& s, int P, int V,
     for (const PipelineAction& x : s[P - 1])
       if (x.pass == Pass::kF && x.chunk == V - 1) pending.push_back(x.microbatch);
   size_t placed = 0;
-  StageActions order0;  // stage 0's actions as run (place)
   ScheduleTiming t;
   t.busy.assign(P, 0), t.idle.assign(P, 0), t.peak_in_flight.assign(P, 0);
   std::vector<size_t> next(P, 0);
@@ -334,7 +335,30 @@ ScheduleTiming run(std::vector<StageActions>& s, int P, int V,
     if (a.pass == Pass::kH) ok = need(0, VS - 1, head.last_share);
     return ok ? ready : -1.0;
   };
-  while (remaining > 0) {
+  auto execute = [&](int p, const PipelineAction& a, double at) {
+    const int v = a.pass == Pass::kH ? 0 : a.chunk * P + p;
+    const double end = at + cost(a.pass, v);
+    done[{pass_id(a.pass), a.microbatch, v}] = end;
+    free_at[p] = end;
+    t.busy[p] += cost(a.pass, v);
+    if (a.pass == Pass::kF) t.peak_in_flight[p] = std::max(t.peak_in_flight[p], ++held[p]);
+    if (a.pass == Pass::kBW || a.pass == Pass::kW) --held[p];
+    if (place && p == 0) placed_list->push_back(a);
+    --remaining;
+  };
+  if (!place) {
+    // Dependency order, cheaper (the planner runs this for every layout it weighs): each
+    // stage runs on while its next action's inputs are done.
+    for (bool progress = true; remaining > 0 && progress;) {
+      progress = false;
+      for (int p = 0; p < P; ++p)
+        for (double at; next[p] < s[p].size() && (at = start_of(p, s[p][next[p]])) >= 0;) {
+          execute(p, s[p][next[p]], at);
+          ++next[p], progress = true;
+        }
+    }
+  }
+  while (place && remaining > 0) {
     int best_p = -1;
     bool best_h = false;
     double best = 0;
@@ -349,26 +373,15 @@ ScheduleTiming run(std::vector<StageActions>& s, int P, int V,
       }
     }
     if (best_p < 0) break;  // deadlock
-    const int p = best_p;
-    const PipelineAction a =
-        best_h ? PipelineAction{pending[placed++], 0, Pass::kH} : s[p][next[p]++];
-    const int v = a.pass == Pass::kH ? 0 : a.chunk * P + p;
-    const double end = best + cost(a.pass, v);
-    done[{pass_id(a.pass), a.microbatch, a.pass == Pass::kH ? 0 : v}] = end;
-    free_at[p] = end;
-    t.busy[p] += cost(a.pass, v);
-    if (a.pass == Pass::kF) t.peak_in_flight[p] = std::max(t.peak_in_flight[p], ++held[p]);
-    if (a.pass == Pass::kBW || a.pass == Pass::kW) --held[p];
-    if (place && p == 0) order0.push_back(a);
-    --remaining;
+    execute(best_p,
+            best_h ? PipelineAction{pending[placed++], 0, Pass::kH} : s[best_p][next[best_p]++],
+            best);
   }
   t.deadlock = remaining > 0;
   for (int p = 0; p < P; ++p) t.makespan = std::max(t.makespan, free_at[p]);
   for (int p = 0; p < P; ++p) t.idle[p] = t.makespan - t.busy[p];
-  if (place) {
-    LOOM_CHECK_MSG(!t.deadlock, "the head's shares could not be placed: the schedule deadlocks");
-    s[0] = std::move(order0);
-  }
+  LOOM_CHECK_MSG(!place || !t.deadlock,
+                 "the head's shares could not be placed: the schedule deadlocks");
   return t;
 }
 
@@ -376,8 +389,7 @@ ScheduleTiming run(std::vector<StageActions>& s, int P, int V,
 
 ScheduleTiming simulate_schedule(const std::vector<StageActions>& s, int P, int V,
                                  const std::vector<double>& forward_cost, HeadSplitCost head) {
-  auto copy = s;
-  return run(copy, P, V, forward_cost, head, false);
+  return run(s, P, V, forward_cost, head, nullptr);
 }
 
 ScheduleTiming add_head_passes(std::vector<StageActions>& s, int P, int V,
@@ -386,7 +398,10 @@ ScheduleTiming add_head_passes(std::vector<StageActions>& s, int P, int V,
   for (const auto& a : s)
     for (const PipelineAction& x : a)
       LOOM_CHECK_MSG(x.pass != Pass::kH, "the schedule has its head passes already");
-  return run(s, P, V, forward_cost, head, true);
+  StageActions first;
+  const ScheduleTiming t = run(s, P, V, forward_cost, head, &first);
+  s[0] = std::move(first);
+  return t;
 }
 
 }  // namespace loom::parallel
