@@ -16,10 +16,10 @@
 //      B/BW(m) there, over a channel of its own (last stage -> stage 0 and back).
 // Dependencies: F(m, v) needs F(m, v-1); B/BW(m, v) needs F(m, v) and B/BW(m, v+1);
 // W(m, v) needs B(m, v); with H passes, H(m) needs F(m, last) and B/BW(m, last) needs H(m).
-// Messages between neighbouring stages (activations forward,
-// gradients backward) travel on two channels; on each channel and direction a receiver
-// consumes messages in the order its sender produced them (checked by validate_schedule),
-// so a FIFO transport with receives posted ahead runs any valid schedule without deadlock.
+// Messages between neighbouring stages (activations forward, gradients backward) travel on
+// two channels; on each channel and direction a receiver consumes messages in the order its
+// sender produced them (checked by validate_schedule), so a FIFO transport with receives
+// posted ahead runs any valid schedule without deadlock.
 //
 //   gpipe        all F, then all BW (both in microbatch order): M microbatches in flight.
 //   1f1b         Megatron's PipeDream-flush order: stage s runs min(P-s-1, M) warm-up F,
