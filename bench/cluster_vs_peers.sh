@@ -9,9 +9,10 @@
 # (default 2gbit): iperf3 between machines 0 and 1, then ROUNDS interleaved rounds of loom
 # (the algorithm auto chooses; round 1 also every other valid one), OpenMPI and (round 1)
 # Gloo, allreduce / allgather / reduce_scatter (OPS), MIN..MAX bytes (ALGOS: the algorithms
-# forced in round 1; direct on 8 ranks at 256 MiB takes minutes a size). Prints the markdown
-# table for docs/perf.md (bench/cluster_table.py): each figure is also a share of the machine
-# link's limit, the bytes each machine's link must carry over iperf3's bandwidth.
+# forced in round 1, "" for none; direct on 8 ranks at 256 MiB takes minutes a size). Prints
+# the markdown table for docs/perf.md (bench/cluster_table.py): each figure is also a share
+# of the machine link's limit, the bytes each machine's link must carry over iperf3's
+# bandwidth.
 # MPI_MCA="name=value ...": every round also runs OpenMPI with these MCA parameters (e.g.
 # "btl_tcp_links=2 btl_tcp_sndbuf=4194304 btl_tcp_rcvbuf=4194304", loom's two streams and
 # socket buffers), a second peer column ("OpenMPI tuned").
@@ -28,7 +29,7 @@ mpicc -O2 -o "$peers/mpi_bench" bench/peers/mpi_bench.c
 g++ -O2 -std=c++17 -o "$peers/gloo_bench" bench/peers/gloo_bench.cc -lgloo -lpthread
 LAYOUTS=${LAYOUTS:-"2x1 3x1 2x2 3x2"} RATE=${RATE:-2gbit} ROUNDS=${ROUNDS:-3}
 MIN=${MIN:-1048576} MAX=${MAX:-67108864} FACTOR=${FACTOR:-8} ITERS=${ITERS:-5}
-ALGOS=${ALGOS:-"ring direct hier"}  # the algorithms forced in round 1 beside auto's choice
+ALGOS=${ALGOS-"ring direct hier"}  # forced in round 1 beside auto's choice; ALGOS="" for none
 OPS=${OPS:-"allreduce allgather reduce_scatter"}  # one op: OpenMPI runs only that one too
 MPI_MCA=${MPI_MCA:-}
 trap 'bash "$C" down' EXIT
