@@ -192,15 +192,10 @@ std::string validate_schedule(const std::vector<StageActions>& s, int P, int M, 
     for (const PipelineAction& a : s[p]) {
       if (a.microbatch < 0 || a.microbatch >= M || a.chunk < 0 || a.chunk >= V)
         return name(p, a) + " is out of range";
-      if (a.pass == Pass::kH) {
+      if (a.pass == Pass::kH) {  // then the checks below: once, after its F
         if (p != 0 || P < 2 || a.chunk != 0)
           return name(p, a) + ": the head's share runs on stage 0 (chunk 0) of a pipeline";
-        if (std::count(heads.begin(), heads.end(), a.microbatch))
-          return name(p, a) + " appears twice";
-        if (!seen[{a.microbatch, 0}].count(Pass::kF))
-          return name(p, a) + " runs before its forward";
         heads.push_back(a.microbatch);
-        continue;
       }
       auto& passes = seen[{a.microbatch, a.chunk}];
       if (passes.count(a.pass)) return name(p, a) + " appears twice";
