@@ -10,13 +10,15 @@
   * activations each stage holds at most, per schedule;
   * with --balanced instead: the four schedules on `small` with more blocks (24 for pp 2, 32
     for pp 4: the head is one stage's share), each stage's idle share next to the formula;
+  * with --head-split: each schedule also with pp.head_split = true (stage 0 runs
+    the tied head for a share of each microbatch's rows), in the same rounds;
   * with --memory instead: pp 2, each schedule with and without activation offload
     (train.offload_activations, horizon 1) and with pp.active_microbatches = 2: activations
     and peak RSS per stage, the bytes spilled and the step time.
 
     /usr/bin/python3 bench/pp_vs_one.py LOOM DATA_DIR [--model small] [--microbatches 8]
                                         [--steps 4] [--rounds R] [--seq-len T]
-                                        [--memory | --balanced]
+                                        [--memory | --balanced | --head-split]
 
 Medians over the steps after the first. Prints markdown tables.
 """
@@ -89,6 +91,9 @@ def pipeline(a, P, schedule, V, *extra):
                 "--set", "pp.virtual_stages=%d" % V, *extra)
 
 
+HEAD_SPLIT = ("--set", "pp.head_split=true")
+
+
 def label(schedule, V):
     return schedule + (" (V %d)" % V if V > 1 else "")
 
@@ -151,6 +156,8 @@ def main():
                     help="interleaved rounds of the baseline and the pipelines (default table)")
     ap.add_argument("--balanced", action="store_true",
                     help="the idle-share table on a model with balanced stages")
+    ap.add_argument("--head-split", action="store_true",
+                    help="each schedule also with pp.head_split (default table)")
     ap.add_argument("--layers2", type=int, default=24, help="blocks for pp 2 with --balanced")
     ap.add_argument("--layers4", type=int, default=32, help="blocks for pp 4 with --balanced")
     a = ap.parse_args()
@@ -163,12 +170,14 @@ def main():
         return
     # Rounds interleave the baseline with the pipelines: each ratio is taken within a round
     # (this host's speed moves by 20% over minutes), the table shows their medians.
-    configs = [(P, schedule, V) for P in (2, 4) for schedule, V in SCHEDULES]
+    configs = [(P, schedule, V, split) for P in (2, 4) for schedule, V in SCHEDULES
+               for split in ((False, True) if a.head_split else (False,))]
     ones, runs = [], {c: [] for c in configs}
     for _ in range(a.rounds):
         ones.append(loom(a, 1, 2))
-        for P, schedule, V in configs:
-            runs[(P, schedule, V)].append(pipeline(a, P, schedule, V))
+        for P, schedule, V, split in configs:
+            runs[(P, schedule, V, split)].append(
+                pipeline(a, P, schedule, V, *(HEAD_SPLIT if split else ())))
     med = statistics.median
     print("%s, %d microbatches of 2 x %d tokens per step, %d round(s); one loom process x 2 "
           "threads: %s ms\n" % (a.model, M, seq_len(a), a.rounds,
@@ -176,18 +185,20 @@ def main():
     print("| pp | schedule | step ms | tokens/s | vs 1 process | bubble per stage, measured | "
           "formula | activations per stage (MiB) |")
     print("|---|---|---|---|---|---|---|---|")
-    for P, schedule, V in configs:
-        rs = runs[(P, schedule, V)]
+    for P, schedule, V, split in configs:
+        rs = runs[(P, schedule, V, split)]
         r = sorted(rs, key=lambda x: x["step_ms"])[len(rs) // 2]  # the median run's details
         ratio = med([x["tokens_per_s"] / o["tokens_per_s"] for x, o in zip(rs, ones)])
         print("| %d | %s | %.0f | %.0f | %.2fx | %s | %.3f | %s |" % (
-            P, label(schedule, V), r["step_ms"], r["tokens_per_s"], ratio,
-            " / ".join("%.3f" % b for b in r["bubble"]), formula(schedule, P, M, V),
-            " / ".join("%.0f" % x for x in r["act_mb"])))
+            P, label(schedule, V) + (", head split" if split else ""), r["step_ms"],
+            r["tokens_per_s"], ratio, " / ".join("%.3f" % b for b in r["bubble"]),
+            formula(schedule, P, M, V), " / ".join("%.0f" % x for x in r["act_mb"])))
     for P in (2, 4):
-        zb = [x["step_ms"] / y["step_ms"] for x, y in zip(runs[(P, "zb-h1", 1)],
-                                                          runs[(P, "1f1b", 1)])]
-        print("\npp %d: zb-h1 / 1f1b step time %.2fx (goal: below 1)" % (P, med(zb)))
+        for split in ((False, True) if a.head_split else (False,)):
+            zb = [x["step_ms"] / y["step_ms"] for x, y in zip(runs[(P, "zb-h1", 1, split)],
+                                                              runs[(P, "1f1b", 1, split)])]
+            print("\npp %d%s: zb-h1 / 1f1b step time %.2fx (goal: below 1)" % (
+                P, ", head split" if split else "", med(zb)))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ from common import (SANITIZED, Trainer, compare, fail, kill_rank, losses, metric
 LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 
 
+HEAD_SPLIT = ("--set", "pp.head_split=true")
+
+
 def pp_set(pp, schedule="1f1b", *extra):
     return ["--set", "train.pp=%d" % pp, "--set", "pp.schedule=" + schedule, *extra]
 
@@ -64,11 +67,30 @@ def equivalence():
         ("pp=2 x dp=2 zero=1, activation and optimizer offload", 4,
          pp_set(2, "1f1b", "--set", "train.zero=1", "--set", "train.offload_activations=true",
                 "--set", "zero.offload=disk")),
+        # The head split (stage 0 runs the tied head for a share of each microbatch's rows):
+        # not bit-identical (the head's weight gradient is two partial products, summed), so
+        # within the tolerance.
+        ("pp=2 1f1b, head split", 2, pp_set(2, "1f1b", *HEAD_SPLIT)),
+        ("pp=2 zb-h1, head split", 2, pp_set(2, "zb-h1", *HEAD_SPLIT)),
+        ("pp=2 gpipe, head split, recompute", 2,
+         pp_set(2, "gpipe", *HEAD_SPLIT, "--set", "train.recompute=all")),
+        ("pp=4 1f1b, head split", 4, pp_set(4, "1f1b", *HEAD_SPLIT)),
+        ("pp=2 interleaved, 2 chunks per stage, head split", 2,
+         pp_set(2, "interleaved", "--set", "pp.virtual_stages=2", *HEAD_SPLIT)),
+        ("pp=2 x dp=2 zero=1, head split", 4, pp_set(2, "1f1b", *HEAD_SPLIT, "--set",
+                                                     "train.zero=1")),
+        ("pp=2 x dp=2 zero=2 zb-h1, head split", 4,
+         pp_set(2, "zb-h1", *HEAD_SPLIT, "--set", "train.zero=2")),
+        ("pp=2 x dp=2 zero=3, head split", 4, pp_set(2, "1f1b", *HEAD_SPLIT, "--set",
+                                                     "train.zero=3")),
+        ("pp=2 given split [1, 3], head split", 2,
+         pp_set(2, "1f1b", "--set", "pp.split=[1, 3]", *HEAD_SPLIT)),
     ]
     cases = sanitized_cases(cases, {
         "pp=2 gpipe", "pp=2 x dp=2 zero=1 zb-h1", "pp=2 x dp=2 zero=3 interleaved",
         "pp=2 x tp=2 sequence parallel, recompute, zb-h1", "pp=2 gpipe, 2 active microbatches",
-        "pp=2 x dp=2 zero=1, activation and optimizer offload"})
+        "pp=2 x dp=2 zero=1, activation and optimizer offload", "pp=2 zb-h1, head split",
+        "pp=2 x dp=2 zero=3, head split"})
     for name, n, extra in cases:
         d = os.path.join(WORK, "eq_" + slug(name))
         T.train(d, n, *extra)
@@ -129,6 +151,16 @@ def equivalence():
     if want not in p.stdout:
         fail("the log should name the stages (%r):\n%s" % (want, p.stdout[-2000:]))
     print("ok  first log lines name the stages")
+    # With the head split they name the share stage 0 runs (the planner's choice for `tiny`,
+    # whose head is ~25x a block: half the rows, the blocks one per stage).
+    shutil.rmtree(d, ignore_errors=True)
+    p = run([a for a in T.launch(2, d, *pp_set(2, "1f1b", *HEAD_SPLIT), steps=1)
+             if a != "--quiet"])
+    want = ("loom: head split: stage 0 runs the head for rows [0, 32) of each microbatch's 64 "
+            "(50%), the last stage the rest")
+    if want not in p.stdout:
+        fail("the log should name the head split (%r):\n%s" % (want, p.stdout[-2000:]))
+    print("ok  the head split's share is named")
 
 
 def resume_from(ref, name, n, extra, want):
@@ -151,6 +183,14 @@ def resume():
     resume_from(on_disk, "optimizer state on disk -> pp 2 in memory", 2, pp_set(2), want)
     resume_from(one, "one process -> pp 2 x dp 2 zero 3", 4,
                 pp_set(2, "1f1b", "--set", "train.zero=3"), want)
+    # The head split resumes bit-exact from its own checkpoint, and its checkpoint is the
+    # usual one (one process resumes it within the tolerance).
+    split = os.path.join(WORK, "rs_head_split")
+    T.train(split, 2, "--set", "ckpt.every=10", *pp_set(2, "zb-h1", *HEAD_SPLIT))
+    mine = losses(split)
+    T.resume_from(WORK, split, "head split -> head split", 2, pp_set(2, "zb-h1", *HEAD_SPLIT),
+                  mine, tol=0)
+    resume_from(split, "head split -> one process", 1, [], want)
     p = run([LOOM, "sample", "--ckpt", pp2, "--prompt", "And God said", "-n", "8",
              "--temperature", "0"])
     if not p.stdout.startswith("And God said") or len(p.stdout.strip()) <= 12:
@@ -181,6 +221,11 @@ def resume():
          pp_set(2, "interleaved", "--set", "pp.virtual_stages=2", "--set",
                 "pp.active_microbatches=2"), "does not apply to the interleaved schedule"),
         ("an unknown schedule", 2, pp_set(2, "zb-h3"), "pp.schedule = \"zb-h3\" is invalid"),
+        ("the head split with tensor parallelism", 4,
+         pp_set(2, "1f1b", *HEAD_SPLIT, "--set", "train.tp=2"),
+         "pp.head_split is built without tensor parallelism or activation offload"),
+        ("the head split without a pipeline", 2, list(HEAD_SPLIT),
+         "pp.head_split need pipeline parallelism"),
         ("a spill folder that cannot be written", 2,
          pp_set(2, "1f1b", "--set", "train.offload_activations=true", "--set",
                 "train.offload_dir=/proc/loom-spill"), "cannot create the activation spill file"),

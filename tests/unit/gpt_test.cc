@@ -302,6 +302,52 @@ TEST(Gpt, MicrobatchesInFlightKeepTheirOwnActivations) {
   EXPECT_GT(m1.bytes(), m1.block_bytes());
 }
 
+// The head split (pipeline: stage 0 runs the head over rows [0, r)): the last run's forward
+// hands those rows of the final norm's output out and computes the rest; head_share gives
+// their loss, wte gradient and input gradient, which the backward takes before the final
+// norm's. The loss and gradients equal the whole model's up to summation order (the head's
+// weight gradient is two partial products), for whole and split backwards, r from 1 to N-1.
+TEST(Gpt, TheHeadSplitEqualsTheWholeModel) {
+  auto fx = fixture();
+  auto tokens = fx["tokens"].get<std::vector<int>>(),
+       targets = fx["targets"].get<std::vector<int>>();
+  const int B = fx["B"], T = fx["T"], N = B * T;
+  Gpt ref(config_of(fx["config"]));
+  load(ref, fx["params"]);
+  const float want = step_of(ref, fx);
+  const int head = ref.config().n_layer + 1, C = ref.config().n_embd;
+  for (int r : {1, N / 2, N - 1})
+    for (bool split : {false, true}) {
+      SCOPED_TRACE("rows " + std::to_string(r) + (split ? " B + W" : " BW"));
+      Gpt m(config_of(fx["config"]));
+      load(m, fx["params"]);
+      m.zero_grad();
+      std::vector<float> ln, dln(static_cast<size_t>(r) * C);
+      HeadShare share{r, [&](const float* x) { ln.assign(x, x + dln.size()); },
+                      [&] { return dln.data(); }};
+      Activations first, last;
+      m.forward_units(first, 0, 1, tokens.data(), nullptr, B, T, nullptr);
+      const float own =
+          m.forward_units(last, 2, head, nullptr, targets.data(), B, T, m.output(first), &share);
+      ASSERT_EQ(ln.size(), dln.size());
+      const float other = m.head_share(ln.data(), targets.data(), r, N, 1.0f, dln.data());
+      EXPECT_NEAR(own + other, want, 1e-6f * want);
+      const BackwardPart part = split ? BackwardPart::kInput : BackwardPart::kWhole;
+      m.backward_units(last, 1.0f, nullptr, part, &share);
+      m.backward_units(first, 1.0f, m.input_grad(last), part);
+      if (split) {
+        m.backward_units(last, 1.0f, nullptr, BackwardPart::kWeight);
+        m.backward_units(first, 1.0f, nullptr, BackwardPart::kWeight);
+      }
+      double worst = 0, scale = 0;
+      for (size_t i = 0; i < m.num_params(); ++i) {
+        worst = std::max(worst, static_cast<double>(std::fabs(m.grads()[i] - ref.grads()[i])));
+        scale = std::max(scale, static_cast<double>(std::fabs(ref.grads()[i])));
+      }
+      EXPECT_LT(worst, 1e-5 * scale) << "largest gradient " << scale;
+    }
+}
+
 TEST(Gpt, NamedConfigsAndValidation) {
   GptConfig s = GptConfig::named("small");
   EXPECT_EQ(s.n_layer, 6);

@@ -257,6 +257,48 @@ TEST(PipelineSchedule, TheHeadSplitBalancesSmall) {
   }
 }
 
+// The head split's planner on `small`'s FLOP costs (pp.head_split): a share and a cut whose
+// simulated step beats the unsplit one by the margin the search above finds, a valid
+// schedule with it, and a given cut (pp.split) kept.
+TEST(PipelineStages, TheHeadSplitPlanBalancesSmall) {
+  const int rows = 4 * 256;
+  const std::vector<double> costs = gpt_unit_costs(6, 384, 50257, 256);
+  const double head = 6.0 * 50257 * 384;
+  for (auto [k, gain] : {std::pair{ScheduleKind::kGPipe, 0.96},
+                         {ScheduleKind::kOneFOneB, 0.82},
+                         {ScheduleKind::kZeroBubbleH1, 0.82}})
+    for (int P : {2, 4}) {
+      SCOPED_TRACE(std::string(schedule_name(k)) + " pp " + std::to_string(P));
+      const HeadSplitPlan plan = plan_head_split(costs, head, rows, k, P, 1, 8, 0);
+      ASSERT_GT(plan.rows, 0);
+      ASSERT_LT(plan.rows, rows);
+      EXPECT_LT(plan.step, (P == 2 ? gain : 0.97) * plan.unsplit_step);
+      ASSERT_EQ(static_cast<int>(plan.pieces.size()), P);
+      EXPECT_EQ(plan.pieces.front().first, 0);
+      EXPECT_EQ(plan.pieces.back().last, 7);
+      for (int s = 1; s < P; ++s) EXPECT_EQ(plan.pieces[s].first, plan.pieces[s - 1].last + 1);
+      auto sched = make_schedule(k, P, 8);
+      const ScheduleTiming t = add_head_passes(sched, P, 1, plan.forward_cost, plan.cost);
+      EXPECT_EQ(validate_schedule(sched, P, 8, 1), "");
+      EXPECT_DOUBLE_EQ(t.makespan, plan.step);
+      EXPECT_DOUBLE_EQ(plan.cost.head, head * plan.rows / rows);
+    }
+  // Interleaved, 2 chunks per stage: four pieces, stage 0 chunk 0 the embedding's.
+  const HeadSplitPlan two =
+      plan_head_split(costs, head, rows, ScheduleKind::kInterleaved, 2, 2, 8, 0);
+  ASSERT_GT(two.rows, 0);
+  EXPECT_LT(two.step, 0.9 * two.unsplit_step);
+  ASSERT_EQ(two.pieces.size(), 4u);
+  auto sched = make_schedule(ScheduleKind::kInterleaved, 2, 8, 2);
+  EXPECT_DOUBLE_EQ(add_head_passes(sched, 2, 2, two.forward_cost, two.cost).makespan, two.step);
+  EXPECT_EQ(validate_schedule(sched, 2, 8, 2), "");
+  const std::vector<UnitRange> given = {{0, 4}, {5, 7}};
+  const HeadSplitPlan kept =
+      plan_head_split(costs, head, rows, ScheduleKind::kOneFOneB, 2, 1, 8, 0, given);
+  EXPECT_EQ(kept.pieces, given);
+  EXPECT_GT(kept.rows, 0);
+}
+
 TEST(PipelineSchedule, BadShapesAndNames) {
   EXPECT_NE(error_of(ScheduleKind::kInterleaved, 4, 3, 2)
                 .find("needs at least as many microbatches as stages"),

@@ -589,13 +589,15 @@ void Gpt::embed_weight_grads(const int* tokens, const float* dx) {
 
 // Mean cross-entropy of the logits (kept as they are without tensor parallelism; the
 // vocab-parallel loss turns its shard into probabilities in place).
-float Gpt::loss_forward(Activations& a) {
+float Gpt::loss_forward(Activations& a, int from) {
   const float* logits = a.logits.data();
   const int* targets = a.targets.data();
   if (tp_ == 1) {
-    backend_->crossentropy_forward(a.losses.data(), a.loss_max.data(), a.loss_sum.data(), logits,
-                                   targets, N_, cfg_.vocab_size, cfg_.padded_vocab_size);
+    backend_->crossentropy_forward(a.losses.data() + from, a.loss_max.data(), a.loss_sum.data(),
+                                   logits, targets + from, N_ - from, cfg_.vocab_size,
+                                   cfg_.padded_vocab_size);
   } else {
+    LOOM_CHECK(from == 0);
     VocabShard shard{vocab_begin_, Vl_, vocab_valid_};
     vocab_parallel_cross_entropy(*backend_, *tp_comm_, a.logits.data(), a.losses.data(), targets,
                                  N_, shard,
@@ -604,8 +606,50 @@ float Gpt::loss_forward(Activations& a) {
   std::vector<float> losses(a.losses.size());  // the one read of the forward on the host
   a.losses.to_host(losses.data());
   double sum = 0;
-  for (float x : losses) sum += x;
+  for (size_t i = static_cast<size_t>(from); i < losses.size(); ++i) sum += losses[i];
   return static_cast<float>(sum / N_);
+}
+
+// The head split's share (HeadShare): logits of the rows, their loss, and at once its
+// backward, as the last stage's head does for its own rows.
+float Gpt::head_share(const float* ln, const int* targets, int rows, int N, float scale,
+                      float* dln) {
+  const int C = cfg_.n_embd, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size;
+  LOOM_CHECK_MSG(tp_ == 1, "the head split runs without tensor parallelism");
+  LOOM_CHECK(rows > 0 && rows < N);
+  for (int i = 0; i < rows; ++i)
+    if (targets[i] < 0 || targets[i] >= V)
+      throw UserError("token id out of range for a vocabulary of " + std::to_string(V),
+                      "the data was prepared with another tokenizer?");
+  const std::shared_ptr<kernels::Memory> m = backend_->memory();
+  const size_t rc = static_cast<size_t>(rows) * C, rv = static_cast<size_t>(rows) * Vp;
+  if (share_ln_.size() != rc) {
+    share_ln_ = Floats(m, rc), share_dln_ = Floats(m, rc), share_logits_ = Floats(m, rv);
+    for (auto* v : {&share_max_, &share_sum_, &share_losses_}) *v = Floats(m, rows);
+    share_targets_ = kernels::Buffer<int>(m);
+  }
+  share_ln_.from_host(ln, rc);
+  share_targets_.from_host(targets, static_cast<size_t>(rows));
+  pass_ = "H";
+  use(0, true);
+  round_unit(0);
+  backend_->matmul_forward(share_logits_.data(), share_ln_.data(), p(0, 0), nullptr, rows, C, Vp,
+                           p16(0, 0));
+  backend_->crossentropy_forward(share_losses_.data(), share_max_.data(), share_sum_.data(),
+                                 share_logits_.data(), share_targets_.data(), rows, V, Vp);
+  uint16_t* dlogits16 = backend_->staging_bf16(static_cast<int64_t>(rv));
+  backend_->crossentropy_backward_inplace(share_logits_.data(), dlogits16, share_max_.data(),
+                                          share_sum_.data(), scale / static_cast<float>(N),
+                                          share_targets_.data(), rows, V, Vp);
+  linear_backward(BackwardPart::kWhole, share_dln_.data(), g(0, 0), nullptr, share_logits_.data(),
+                  share_ln_.data(), weight(0, 0), rows, C, Vp, nullptr, dlogits16, /*assign=*/true);
+  done(0);
+  share_dln_.to_host(dln);
+  std::vector<float> losses(static_cast<size_t>(rows));
+  share_losses_.to_host(losses.data());
+  double sum = 0;
+  for (float x : losses) sum += x;
+  return static_cast<float>(sum / N);
 }
 
 // ---- the passes ----
@@ -628,7 +672,7 @@ void Gpt::backward(float scale) {
 }
 
 float Gpt::forward_units(Activations& a, int first, int last, const int* tokens, const int* targets,
-                         int B, int T, const float* input) {
+                         int B, int T, const float* input, const HeadShare* share) {
   const int C = cfg_.n_embd, L = cfg_.n_layer, head = L + 1;
   LOOM_CHECK(first >= 0 && first <= last && last <= head);
   LOOM_CHECK(first > 0 || tokens);
@@ -638,6 +682,9 @@ float Gpt::forward_units(Activations& a, int first, int last, const int* tokens,
                         std::to_string(cfg_.block_size),
                     "lower train.seq_len or pick a model with a longer context");
   const bool with_loss = last == head && targets;
+  const int from = share ? share->rows : 0;  // the first row of the head run here
+  LOOM_CHECK_MSG(!share || (with_loss && tp_ == 1 && from > 0 && from < B * T),
+                 "a head share needs the loss, no tensor parallelism and 0 < rows < B*T");
   pass_ = "F";
   for (int i = 0; i < B * T; ++i)
     if ((first == 0 && (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size)) ||
@@ -649,6 +696,7 @@ float Gpt::forward_units(Activations& a, int first, int last, const int* tokens,
   LOOM_CHECK_MSG(!a.weights_pending, "a forward over activations whose weight gradients are due");
   allocate_scratch(B, T);
   prepare(a, first, last, B, T);
+  a.head_from = from;
   if (first == 0) a.tokens.from_host(tokens, static_cast<size_t>(B) * T);
   a.have_targets = with_loss;
   if (with_loss) a.targets.from_host(targets, static_cast<size_t>(B) * T);
@@ -671,28 +719,36 @@ float Gpt::forward_units(Activations& a, int first, int last, const int* tokens,
   backend_->layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(),
                               a.resid.back().data(), p(head, 0), p(head, C), R_, C);
   done(head);
+  if (share) share->norm_ready(a.lnf.data());  // rows [0, from) of it, to the other stage
   // The tied head is column-parallel over the vocabulary: f before it.
   const float* x = gather_rows(a.lnf.data(), a.lnf_all.data());
   use(0, true);
   round_unit(0);
-  backend_->matmul_forward(a.logits.data(), x, p(0, 0), nullptr, N_, C, Vl_, p16(0, 0));
+  a.logits.resize_discard(static_cast<size_t>(N_ - from) * Vl_);
+  backend_->matmul_forward(a.logits.data(), x + static_cast<size_t>(from) * C, p(0, 0), nullptr,
+                           N_ - from, C, Vl_, p16(0, 0));
   done(0);
-  return with_loss ? loss_forward(a) : 0;
+  return with_loss ? loss_forward(a, from) : 0;
 }
 
-void Gpt::backward_units(Activations& a, float scale, const float* dout, BackwardPart part) {
+void Gpt::backward_units(Activations& a, float scale, const float* dout, BackwardPart part,
+                         const HeadShare* share) {
   const int C = cfg_.n_embd, L = cfg_.n_layer, head = L + 1, fb = first_block(a);
   const bool whole = part == BackwardPart::kWhole;
   const size_t rc = static_cast<size_t>(R_) * C;
+  const int from = a.head_from, own = N_ - from;  // the head's rows run here: [from, N)
+  const size_t skip = static_cast<size_t>(from) * C;
   LOOM_CHECK_MSG(a.weights_pending == (part == BackwardPart::kWeight),
                  "backward parts out of order (B, then W; or BW)");
+  LOOM_CHECK_MSG(part == BackwardPart::kWeight || (from > 0) == (share && share->rows > 0),
+                 "a backward takes the head share its forward had");
   pass_ = whole ? "BW" : part == BackwardPart::kInput ? "B" : "W";
   if (part == BackwardPart::kWeight) {
     // The weight gradients in the order a whole backward computes them.
     if (a.last == head) {
       use(0, true);
       backend_->matmul_backward_weight(g(0, 0), nullptr, a.logits.data(),
-                                       sp_ ? a.lnf_all.data() : a.lnf.data(), N_, C, Vl_);
+                                       (sp_ ? a.lnf_all.data() : a.lnf.data()) + skip, own, C, Vl_);
       done(0);
       if (a.first > 0) ready(0);
       use(head);
@@ -726,21 +782,24 @@ void Gpt::backward_units(Activations& a, float scale, const float* dout, Backwar
     // that the head's two bf16 products read (null in fp32).
     uint16_t* dlogits16 = nullptr;
     if (tp_ == 1) {
-      dlogits16 = backend_->staging_bf16(static_cast<int64_t>(N_) * Vl_);
+      dlogits16 = backend_->staging_bf16(static_cast<int64_t>(own) * Vl_);
       backend_->crossentropy_backward_inplace(a.logits.data(), dlogits16, a.loss_max.data(),
-                                              a.loss_sum.data(), dloss, a.targets.data(), N_,
-                                              cfg_.vocab_size, cfg_.padded_vocab_size);
+                                              a.loss_sum.data(), dloss, a.targets.data() + from,
+                                              own, cfg_.vocab_size, cfg_.padded_vocab_size);
     } else {
       vocab_parallel_cross_entropy_backward(*backend_, a.logits.data(), dloss, a.targets.data(), N_,
                                             {vocab_begin_, Vl_, vocab_valid_});
     }
     d_lnf_.zero();
     use(0, true);
-    linear_backward(part, d_lnf_.data(), g(0, 0), nullptr, a.logits.data(),
-                    sp_ ? a.lnf_all.data() : a.lnf.data(), weight(0, 0), N_, C, Vl_, nullptr,
-                    dlogits16);
+    linear_backward(part, d_lnf_.data() + skip, g(0, 0), nullptr, a.logits.data(),
+                    (sp_ ? a.lnf_all.data() : a.lnf.data()) + skip, weight(0, 0), own, C, Vl_,
+                    nullptr, dlogits16);
     done(0);
     if (whole && a.first > 0) ready(0);
+    // The other rows' input gradient, from the stage that ran their head.
+    if (from > 0)
+      backend_->memory()->from_host(d_lnf_.data(), share->input_grad(), skip * sizeof(float));
     dx_.zero();
     use(head);
     const float* dln = reduce_input_grad(d_lnf_.data());

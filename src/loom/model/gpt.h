@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -108,6 +109,18 @@ enum class BackwardPart {
 // block), the final norm, logits and losses; between a kInput and a kWeight backward, the
 // output gradients the weight gradients need. A pipeline keeps one per microbatch in
 // flight; Gpt::forward() uses one of its own.
+// The head split (pipeline parallelism, pp.head_split): the head and loss of a microbatch's
+// first `rows` rows run on another stage (Gpt::head_share there), the rest in this run.
+struct HeadShare {
+  int rows = 0;
+  // Forward: called with those rows of the final norm's output (rows, C), before this run's
+  // own rows of the head (to send them on).
+  std::function<void(const float*)> norm_ready;
+  // Backward (B or BW): their input gradient (rows, C), asked for after this run's own rows of
+  // the head and before the final norm's backward (to receive it).
+  std::function<const float*()> input_grad;
+};
+
 class Activations {
  public:
   size_t bytes() const;  // all of it
@@ -133,6 +146,7 @@ class Activations {
   kernels::Buffer<int> tokens, targets;
   bool have_targets = false;
   bool weights_pending = false;   // a kInput ran, its kWeight not yet
+  int head_from = 0;              // the first row of the head this run computes (HeadShare)
   std::vector<Floats> resid;      // input of each block of the run, then its output
   std::vector<Block> blocks;      // per block of the run
   std::vector<BlockGrads> grads;  // per block of the run, kInput to kWeight
@@ -234,13 +248,23 @@ class Gpt {
   // the residual stream (R = rows(B, T)); it ends in the loss over `targets` (returned;
   // null: inference) when last is the final unit, else its output is left in output(a).
   // The tied head reads unit 0's wte, so a run ending in the loss uses unit 0 too.
+  // With `share` (rows > 0; targets given, no tensor parallelism) the head runs over rows
+  // [share->rows, N) only and the loss returned is their sum over N.
   float forward_units(Activations& a, int first, int last, const int* tokens, const int* targets,
-                      int B, int T, const float* input);
+                      int B, int T, const float* input, const HeadShare* share = nullptr);
   // Its backward in reverse, `part` of it: dout (R,C) is the gradient of the output (unused
   // when the run ended in the loss); the input's gradient is left in input_grad(a) (when
   // first > 0). Gradients accumulate with scale as in backward(); UnitHooks::grads_ready
   // fires for a unit when its weight gradients are done (kWhole, kWeight).
-  void backward_units(Activations& a, float scale, const float* dout, BackwardPart part);
+  // A run whose forward had a HeadShare takes the same one here (B, BW: input_grad).
+  void backward_units(Activations& a, float scale, const float* dout, BackwardPart part,
+                      const HeadShare* share = nullptr);
+  // The head split's other half, on the stage holding the tied embedding: the head's forward
+  // and backward at once over `rows` rows of an N-row microbatch from ln (rows, C), their
+  // final norm's output, and targets (rows). scale * d(mean loss over the N rows)/d(wte)
+  // accumulates into wte's gradient (unit 0, used as the head: the hooks run) and the rows'
+  // input gradient goes to dln (rows, C). Returns the rows' loss sum over N.
+  float head_share(const float* ln, const int* targets, int rows, int N, float scale, float* dln);
   const float* output(const Activations& a) const { return a.resid.back().data(); }
   const float* input_grad(const Activations& a) const { return a.input_grad.data(); }
   // Rows of the residual stream a rank holds for a (B,T) micro-batch.
@@ -296,7 +320,8 @@ class Gpt {
                                const float* mean, const float* rstd);
   void embed_forward(Activations& a);
   void embed_weight_grads(const int* tokens, const float* dx);
-  float loss_forward(Activations& a);
+  // The mean loss's share of rows [from, N) (sum / N).
+  float loss_forward(Activations& a, int from = 0);
   const float* p(int unit, size_t offset) const { return unit_params_[unit] + offset; }
   float* p(int unit, size_t offset) { return unit_params_[unit] + offset; }
   float* g(int unit, size_t offset) { return unit_grads_[unit] + offset; }
@@ -350,8 +375,11 @@ class Gpt {
   // Backward scratch, one block's worth.
   Floats dx_, d_ln1_, d_qkv_, d_att_, d_atty_, d_ln2_, d_fch_, d_fch_gelu_, d_lnf_;
   Floats d_all_, d_rows_, d_lnparams_;  // gathered / reduced gradient rows
-  int B_ = 0, T_ = 0;                   // the scratch's micro-batch shape
-  mutable size_t sizings_ = 0;          // activation_sizings()
+  // head_share's buffers: its rows' final norm output, logits, loss statistics, input gradient.
+  Floats share_ln_, share_logits_, share_max_, share_sum_, share_losses_, share_dln_;
+  kernels::Buffer<int> share_targets_;
+  int B_ = 0, T_ = 0;           // the scratch's micro-batch shape
+  mutable size_t sizings_ = 0;  // activation_sizings()
 };
 
 }  // namespace loom::model

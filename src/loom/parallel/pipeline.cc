@@ -13,14 +13,23 @@ using loom::DType;
 
 PipelineStage::PipelineStage(model::Gpt& model, std::shared_ptr<comm::Communicator> pp,
                              std::vector<UnitRange> pieces, ScheduleKind kind, int microbatches,
-                             int active_microbatches)
-    : model_(model), pp_(std::move(pp)), pieces_(std::move(pieces)), M_(microbatches) {
+                             int active_microbatches, HeadSplit head)
+    : model_(model),
+      pp_(std::move(pp)),
+      pieces_(std::move(pieces)),
+      M_(microbatches),
+      head_rows_(head.rows) {
   LOOM_CHECK_MSG(pp_ && pp_->size() > 1, "a pipeline needs at least two stages");
   P_ = pp_->size();
   stage_ = pp_->rank();
   LOOM_CHECK(!pieces_.empty() && pieces_.size() % P_ == 0);
   V_ = static_cast<int>(pieces_.size()) / P_;
   schedule_ = make_schedule(kind, P_, M_, V_, active_microbatches);
+  if (head_rows_ > 0) {
+    const ScheduleTiming t = add_head_passes(schedule_, P_, V_, head.forward_cost, head.cost);
+    LOOM_CHECK(!t.deadlock);
+    head_grads_.resize(M_);
+  }
   const std::string wrong = validate_schedule(schedule_, P_, M_, V_);
   LOOM_CHECK_MSG(wrong.empty(), wrong);
   // The links virtual stage transitions cross, created in one order on every rank.
@@ -31,7 +40,11 @@ PipelineStage::PipelineStage(model::Gpt& model, std::shared_ptr<comm::Communicat
       needed.insert({kActivation, v % P_, (v + 1) % P_});
       needed.insert({kGradient, (v + 1) % P_, v % P_});
     }
-  links_.resize(2 * P_ * P_);
+  if (head_rows_ > 0) {
+    needed.insert({kHeadInput, P_ - 1, 0});
+    needed.insert({kHeadGrad, 0, P_ - 1});
+  }
+  links_.resize(kKinds * P_ * P_);
   int index = 0;
   for (const auto& [kind_, from, to] : needed) {
     const bool member = stage_ == from || stage_ == to;
@@ -159,7 +172,7 @@ void PipelineStage::wait_sends() {
 // F(m, chunk): the input comes from the previous virtual stage (a receive, or this rank's
 // previous chunk when there is one stage), the output goes to the next.
 double PipelineStage::forward_action(int m, int chunk, const int* tokens, const int* targets, int B,
-                                     int T, PipelineHooks* hooks) {
+                                     int T, PipelineHooks* hooks, bool training) {
   const int v = chunk * P_ + stage_, VS = P_ * V_;
   const size_t n = static_cast<size_t>(model_.rows(B, T)) * model_.config().n_embd;
   model::Activations& a = hold(m, chunk);
@@ -167,9 +180,35 @@ double PipelineStage::forward_action(int m, int chunk, const int* tokens, const 
   const size_t off = static_cast<size_t>(m) * B * T;
   if (hooks) hooks->before_forward();
   const double loss = model_.forward_units(a, pieces_[v].first, pieces_[v].last, tokens + off,
-                                           targets ? targets + off : nullptr, B, T, input);
+                                           targets ? targets + off : nullptr, B, T, input,
+                                           training && v == VS - 1 ? head_share(a) : nullptr);
   if (hooks) hooks->after_action();
   if (v + 1 < VS) send(kActivation, (v + 1) % P_, model_.output(a), n, &a);
+  return loss;
+}
+
+const model::HeadShare* PipelineStage::head_share(const model::Activations& a) {
+  if (head_rows_ == 0) return nullptr;
+  const size_t n = static_cast<size_t>(head_rows_) * model_.config().n_embd;
+  share_.rows = head_rows_;
+  share_.norm_ready = [this, n, &a](const float* lnf) { send(kHeadInput, 0, lnf, n, &a); };
+  share_.input_grad = [this, n] { return receive(kHeadGrad, 0, n); };
+  return &share_;
+}
+
+// H(m) on stage 0: the head's share of microbatch m's rows, from the final norm's output the
+// last stage sent; the rows' input gradient goes back.
+double PipelineStage::head_action(int m, const int* targets, int B, int T, float scale,
+                                  PipelineHooks* hooks) {
+  const size_t n = static_cast<size_t>(head_rows_) * model_.config().n_embd;
+  const float* ln = receive(kHeadInput, P_ - 1, n);
+  std::vector<float>& dln = head_grads_[m];
+  dln.resize(n);
+  if (hooks) hooks->before_backward(false);  // the tied embedding's last use is stage 0's B/W
+  const double loss = model_.head_share(ln, targets + static_cast<size_t>(m) * B * T, head_rows_,
+                                        B * T, scale, dln.data());
+  if (hooks) hooks->after_action();
+  sends_.push_back(link(kHeadGrad, 0, P_ - 1)->comm->send_async(dln.data(), n, DType::kF32, 1));
   return loss;
 }
 
@@ -196,8 +235,12 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
                              (V_ > 1 ? "." + std::to_string(x.chunk) : "")
                        : std::string(),
                    "pipeline"};
+    if (x.pass == Pass::kH) {
+      loss += head_action(x.microbatch, targets, B, T, scale, hooks);
+      continue;
+    }
     if (x.pass == Pass::kF) {
-      loss += forward_action(x.microbatch, x.chunk, tokens, targets, B, T, hooks);
+      loss += forward_action(x.microbatch, x.chunk, tokens, targets, B, T, hooks, true);
       note_peak();
       const bool backward_next = i + 1 < list.size() && list[i + 1].pass != Pass::kF &&
                                  list[i + 1].microbatch == x.microbatch &&
@@ -218,7 +261,8 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
                                                           : model::BackwardPart::kWeight;
     // A unit's gradients are final after the last microbatch's BW or W.
     if (hooks) hooks->before_backward(x.microbatch == M_ - 1 && x.pass != Pass::kB);
-    model_.backward_units(a, scale, dout, part);
+    model_.backward_units(a, scale, dout, part,
+                          v == VS - 1 && x.pass != Pass::kW ? head_share(a) : nullptr);
     if (hooks) hooks->after_action();
     if (x.pass != Pass::kW && v > 0) send(kGradient, (v - 1) % P_, model_.input_grad(a), n, &a);
     note_peak();

@@ -41,13 +41,21 @@ class PipelineHooks {
   virtual void after_action() = 0;
 };
 
+// The head split (pp.head_split): stage 0 runs the head over the first `rows` rows of each
+// microbatch (H passes, placed with these costs: add_head_passes); rows = 0: no split.
+struct HeadSplit {
+  int rows = 0;
+  std::vector<double> forward_cost;  // per virtual stage
+  HeadSplitCost cost;
+};
+
 class PipelineStage {
  public:
   // `pp` is the pipeline group (at least two stages); `pieces` the units of each of the
   // P*V virtual stages (chunk c of stage s is piece c*P + s). Collective over `pp`.
   PipelineStage(model::Gpt& model, std::shared_ptr<comm::Communicator> pp,
                 std::vector<UnitRange> pieces, ScheduleKind kind, int microbatches,
-                int active_microbatches = 0);
+                int active_microbatches = 0, HeadSplit head = {});
 
   // Activation offload: a microbatch's activations go to `offload`'s spill file after its
   // forward when it waits for its backward, and are read back `horizon` actions ahead.
@@ -68,7 +76,8 @@ class PipelineStage {
 
   // One step: microbatch m's tokens and targets are tokens[m*B*T ...]; gradients accumulate
   // scaled by `scale` per microbatch (1/M averages them). Returns the sum of the
-  // microbatches' losses on the last stage, 0 elsewhere.
+  // microbatches' losses on the last stage, 0 elsewhere — with the head split, stage 0's rows'
+  // share on stage 0 and the rest on the last stage (their sum over the group is the loss).
   double train_step(const int* tokens, const int* targets, int B, int T, float scale,
                     PipelineHooks* hooks);
   // Forward only (evaluation): microbatches one after the other through every chunk. On the
@@ -92,10 +101,14 @@ class PipelineStage {
     std::shared_ptr<comm::Communicator> comm;
     std::vector<float> staging;  // the receiver's buffer
   };
-  enum Kind { kActivation, kGradient };
+  // The head split's two channels: the final norm's rows (last stage -> 0), their gradient back.
+  enum Kind { kActivation, kGradient, kHeadInput, kHeadGrad, kKinds };
   Link* link(Kind kind, int from, int to);
   double forward_action(int m, int chunk, const int* tokens, const int* targets, int B, int T,
-                        PipelineHooks* hooks);
+                        PipelineHooks* hooks, bool training = false);
+  double head_action(int m, const int* targets, int B, int T, float scale, PipelineHooks* hooks);
+  // The HeadShare of an F or B/BW on the last virtual stage over `a` (null: no split).
+  const model::HeadShare* head_share(const model::Activations& a);
   model::Activations& hold(int m, int chunk);  // from the pool, for F
   // Back to the chunk's pool, after the last backward; next_forward_chunk: the chunk of the
   // forward that runs next (-1: a backward does).
@@ -113,6 +126,9 @@ class PipelineStage {
   int P_ = 1, V_ = 1, M_ = 1, stage_ = 0;
   std::vector<StageActions> schedule_;
   std::vector<Link> links_;  // [kind][from][to], flattened; null comm where no link
+  int head_rows_ = 0;        // the head split's rows per microbatch on stage 0 (0: none)
+  model::HeadShare share_;   // the last stage's, for the action running
+  std::vector<std::vector<float>> head_grads_;  // stage 0: per microbatch, H's input gradient
   // [microbatch][chunk]: held activations; the pools keep released ones for reuse, so a
   // step allocates only as many as the schedule holds at once. One pool per chunk: chunks
   // differ in blocks, and a buffer set sized for another chunk's blocks is resized (freed

@@ -9,9 +9,9 @@
 //   BW the whole backward (input and weight gradients) — GPipe, 1F1B, interleaved;
 //   B  the input gradient only, and W the weight gradient only — zero-bubble schedules,
 //      which run B on the critical path and defer W into the bubbles;
-//   H  the head split (schedule data only so far: make_schedule does not emit it and the
-//      executor does not run it): stage 0, which holds the tied embedding, runs the head's
-//      forward and backward over a share of microbatch m's rows. H(m) reads the final
+//   H  the head split (pp.head_split; make_schedule does not emit it, add_head_passes adds
+//      it): stage 0, which holds the tied embedding, runs the head's forward and backward
+//      over a share of microbatch m's rows. H(m) reads the final
 //      norm's output of F(m) on the last virtual stage and sends its input gradient to
 //      B/BW(m) there, over a channel of its own (last stage -> stage 0 and back).
 // Dependencies: F(m, v) needs F(m, v-1); B/BW(m, v) needs F(m, v) and B/BW(m, v+1);

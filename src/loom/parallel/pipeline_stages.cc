@@ -1,6 +1,7 @@
 #include "loom/parallel/pipeline_stages.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "loom/core/check.h"
@@ -104,6 +105,41 @@ std::vector<double> gpt_unit_costs(int n_layer, int n_embd, int vocab, int seq_l
   for (int l = 0; l < n_layer; ++l) costs.push_back(6 * 12 * C * C + 12 * C * seq_len);
   costs.push_back(6.0 * vocab * C + 10 * C);
   return costs;
+}
+
+HeadSplitPlan plan_head_split(const std::vector<double>& costs, double head, int rows,
+                              ScheduleKind kind, int P, int V, int M, int active_microbatches,
+                              const std::vector<UnitRange>& fixed) {
+  LOOM_CHECK(P >= 2 && V >= 1 && rows >= 2 && !costs.empty() && head <= costs.back());
+  constexpr int kSteps = 32;
+  const int VS = P * V;
+  HeadSplitPlan best;
+  int tried = -1;
+  for (int i = 0; i < kSteps; ++i) {
+    const int h = static_cast<int>(std::lround(static_cast<double>(i) * rows / kSteps));
+    if (h == tried || h >= rows) continue;  // few rows: the same h twice
+    tried = h;
+    const double share = head * h / rows;  // the H passes' cost (forward and backward)
+    std::vector<UnitRange> pieces = fixed;
+    if (pieces.empty()) {  // the share moves with the embedding: stage 0 carries it
+      std::vector<double> moved = costs;
+      moved.front() += share, moved.back() -= share;
+      pieces = balance_stages(moved, P, V);
+    }
+    std::vector<double> forward(VS, 0.0);
+    for (int v = 0; v < VS; ++v)
+      for (int u = pieces[v].first; u <= pieces[v].last; ++u) forward[v] += costs[u] / 3;
+    forward[VS - 1] -= share / 3;
+    const HeadSplitCost cost{share, (head - share) / 3};
+    std::vector<StageActions> sched = make_schedule(kind, P, M, V, active_microbatches);
+    const ScheduleTiming t = h == 0 ? simulate_schedule(sched, P, V, forward)
+                                    : add_head_passes(sched, P, V, forward, cost);
+    if (t.deadlock) continue;
+    if (h == 0) best.unsplit_step = t.makespan;
+    if (h == 0 || t.makespan < best.step)
+      best = {pieces, h, forward, cost, t.makespan, best.unsplit_step};
+  }
+  return best;
 }
 
 std::string describe_stages(const std::vector<UnitRange>& pieces, int n_layer) {

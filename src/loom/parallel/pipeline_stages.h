@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "loom/parallel/pipeline_schedule.h"
+
 namespace loom::parallel {
 
 struct UnitRange {
@@ -37,6 +39,23 @@ std::vector<UnitRange> split_units(const std::vector<int>& counts, int units, in
 // lookup (counted as C), each block 6 x 12C^2 + 12 C T, the final unit its LayerNorm and the
 // tied head's 6 V C.
 std::vector<double> gpt_unit_costs(int n_layer, int n_embd, int vocab, int seq_len);
+
+// The head split's plan (pp.head_split): how many of each microbatch's `rows` rows stage 0
+// runs the head for, and the cut into P x V pieces, chosen together by the schedule's
+// simulated step (add_head_passes) with these unit costs, the last unit's `head` of them the
+// tied head's (gpt_unit_costs: 6 V C). Candidates: rows in steps of rows/32; for each, the
+// cut balance_stages makes with the share's cost moved from the last unit to the embedding —
+// or `fixed` (pp.split) for every one. rows = 0 when no share beats the schedule without it.
+struct HeadSplitPlan {
+  std::vector<UnitRange> pieces;
+  int rows = 0;
+  std::vector<double> forward_cost;   // per virtual stage: forward (cost / 3), the share out
+  HeadSplitCost cost;                 // an H pass's and the last stage's own share
+  double step = 0, unsplit_step = 0;  // simulated, in the costs' units
+};
+HeadSplitPlan plan_head_split(const std::vector<double>& costs, double head, int rows,
+                              ScheduleKind kind, int P, int V, int M, int active_microbatches,
+                              const std::vector<UnitRange>& fixed = {});
 
 // "stage 0: units 0-3 (embedding, blocks 0-2), stage 1: units 4-7 (blocks 3-5, final norm)"
 std::string describe_stages(const std::vector<UnitRange>& pieces, int n_layer);

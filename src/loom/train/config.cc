@@ -114,6 +114,7 @@ std::vector<Field> fields_of(TrainConfig& c) {
       {"pp.virtual_stages", &c.pp_virtual_stages, [&] { return at_least(c.pp_virtual_stages, 1); }},
       {"pp.active_microbatches", &c.pp_active_microbatches,
        [&] { return at_least(c.pp_active_microbatches, 0); }},
+      {"pp.head_split", &c.pp_head_split, [] { return std::string(); }},
       {"pp.split", &c.pp_split,
        [&] {
          for (int64_t n : c.pp_split)

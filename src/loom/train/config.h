@@ -74,6 +74,7 @@ struct TrainConfig {
   int64_t pp_virtual_stages = 1;       // chunks per stage (interleaved)
   int64_t pp_active_microbatches = 0;  // most microbatches a stage holds; 0: the schedule's
   std::vector<int64_t> pp_split;       // units per virtual stage; empty: balanced by FLOPs
+  bool pp_head_split = false;  // stage 0 runs the tied head for a share of each microbatch's rows
   // [zero]
   std::string shard_group = "world";    // world | node (shard inside a machine, replicate across)
   std::string comm_dtype = "fp32";      // fp32 | bf16: dtype of gradient reductions

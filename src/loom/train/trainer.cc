@@ -599,11 +599,19 @@ void Trainer::plan_layout() {
   coord_ = mesh_->coord(rank_);
   model_cfg_.validate_split(mesh_->tp());
   const int P = mesh_->pp(), V = static_cast<int>(cfg_.pp_virtual_stages);
-  if (P == 1 && (V > 1 || !cfg_.pp_split.empty() || cfg_.pp_active_microbatches > 0))
+  if (P == 1 &&
+      (V > 1 || !cfg_.pp_split.empty() || cfg_.pp_active_microbatches > 0 || cfg_.pp_head_split))
     throw UserError(
-        "pp.virtual_stages, pp.split and pp.active_microbatches need pipeline parallelism "
-        "(train.pp > 1)",
+        "pp.virtual_stages, pp.split, pp.active_microbatches and pp.head_split need pipeline "
+        "parallelism (train.pp > 1)",
         "set train.pp, or leave the pp section out");
+  if (cfg_.pp_head_split && (mesh_->tp() > 1 || cfg_.offload_activations))
+    throw UserError(
+        std::string("pp.head_split is built without tensor parallelism or activation offload; "
+                    "this run has ") +
+            (mesh_->tp() > 1 ? "train.tp = " + std::to_string(mesh_->tp())
+                             : std::string("train.offload_activations")),
+        "turn pp.head_split off, or run it with train.tp = 1 and no activation offload");
   if (P == 1 && cfg_.offload_activations)
     throw UserError("train.offload_activations needs pipeline parallelism (train.pp > 1)",
                     "without a pipeline one micro-batch is held at a time; use train.recompute "
@@ -622,13 +630,23 @@ void Trainer::plan_layout() {
     parallel::make_schedule(schedule_, P, static_cast<int>(cfg_.grad_accum), V,
                             static_cast<int>(cfg_.pp_active_microbatches));  // checks M, V, A
     const int units = model_cfg_.n_layer + 2;
-    if (cfg_.pp_split.empty()) {
-      pieces_ = parallel::balance_stages(
-          parallel::gpt_unit_costs(model_cfg_.n_layer, model_cfg_.n_embd, model_cfg_.vocab_size,
-                                   static_cast<int>(cfg_.seq_len)),
-          P, V);
-    } else {
+    const std::vector<double> costs =
+        parallel::gpt_unit_costs(model_cfg_.n_layer, model_cfg_.n_embd, model_cfg_.vocab_size,
+                                 static_cast<int>(cfg_.seq_len));
+    if (cfg_.pp_split.empty())
+      pieces_ = parallel::balance_stages(costs, P, V);
+    else
       pieces_ = parallel::split_units({cfg_.pp_split.begin(), cfg_.pp_split.end()}, units, P * V);
+    if (cfg_.pp_head_split) {
+      // The cut and the head's share together (a given pp.split stays), by the simulated step.
+      const parallel::HeadSplitPlan plan = parallel::plan_head_split(
+          costs, 6.0 * model_cfg_.vocab_size * model_cfg_.n_embd,
+          static_cast<int>(cfg_.micro_batch * cfg_.seq_len), schedule_, P, V,
+          static_cast<int>(cfg_.grad_accum), static_cast<int>(cfg_.pp_active_microbatches),
+          cfg_.pp_split.empty() ? std::vector<parallel::UnitRange>{} : pieces_);
+      pieces_ = plan.pieces;
+      head_split_ = {plan.rows, plan.forward_cost, plan.cost};
+      head_split_gain_ = plan.step > 0 ? plan.unsplit_step / plan.step : 1;
     }
   }
   if (cfg_.seq_len > model_cfg_.block_size)
@@ -716,7 +734,7 @@ void Trainer::build_parallel_state() {
   if (mesh_->pp() > 1) {
     pipeline_ = std::make_unique<parallel::PipelineStage>(
         *model_, groups_.pp, pieces_, schedule_, static_cast<int>(cfg_.grad_accum),
-        static_cast<int>(cfg_.pp_active_microbatches));
+        static_cast<int>(cfg_.pp_active_microbatches), head_split_);
     if (offload_)
       pipeline_->set_offload(std::move(offload_),
                              static_cast<int>(cfg_.activation_loading_horizon));
@@ -815,6 +833,18 @@ void Trainer::print_banner() const {
             : "",
         static_cast<int>(cfg_.pp_virtual_stages),
         parallel::describe_stages(pieces_, model_cfg_.n_layer).c_str());
+  if (pipeline_ && cfg_.pp_head_split) {
+    const long long n = cfg_.micro_batch * cfg_.seq_len;
+    if (head_split_.rows > 0)
+      std::printf(
+          "loom: head split: stage 0 runs the head for rows [0, %d) of each microbatch's "
+          "%lld (%.0f%%), the last stage the rest; simulated step %.2fx faster\n",
+          head_split_.rows, n, 100.0 * head_split_.rows / n, head_split_gain_);
+    else
+      std::printf(
+          "loom: head split: no share of the head beats this cut on stage 0; the last "
+          "stage runs all of it\n");
+  }
 }
 
 // The steps, each followed by its metrics, the evaluations and checkpoints due after it;

@@ -113,6 +113,8 @@ class Trainer {
   parallel::MeshCoord coord_;
   parallel::ProcessGroups groups_;
   std::vector<parallel::UnitRange> pieces_;  // units of each virtual stage
+  parallel::HeadSplit head_split_;           // pp.head_split's share and costs (rows 0: none)
+  double head_split_gain_ = 1;               // the unsplit over the split simulated step
   parallel::ScheduleKind schedule_ = parallel::ScheduleKind::kOneFOneB;
   int threads_ = 1;
   std::string threads_why_;
