@@ -603,11 +603,23 @@ float Gpt::loss_forward(Activations& a, int from) {
                                  N_, shard,
                                  {a.loss_max.data(), a.loss_sum.data(), a.loss_target.data()});
   }
-  std::vector<float> losses(a.losses.size());  // the one read of the forward on the host
-  a.losses.to_host(losses.data());
+  return loss_share(a.losses, static_cast<size_t>(from), N_);  // the forward's one host read
+}
+
+float Gpt::loss_share(const Floats& losses, size_t from, int N) {
+  std::vector<float> host(losses.size());
+  losses.to_host(host.data());
   double sum = 0;
-  for (size_t i = static_cast<size_t>(from); i < losses.size(); ++i) sum += losses[i];
-  return static_cast<float>(sum / N_);
+  for (size_t i = from; i < host.size(); ++i) sum += host[i];
+  return static_cast<float>(sum / N);
+}
+
+void Gpt::check_token_ids(const int* ids, int n) const {
+  for (int i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= cfg_.vocab_size)
+      throw UserError(
+          "token id out of range for a vocabulary of " + std::to_string(cfg_.vocab_size),
+          "the data was prepared with another tokenizer?");
 }
 
 // The head split's share (HeadShare): logits of the rows, their loss, and at once its
@@ -617,10 +629,7 @@ float Gpt::head_share(const float* ln, const int* targets, int rows, int N, floa
   const int C = cfg_.n_embd, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size;
   LOOM_CHECK_MSG(tp_ == 1, "the head split runs without tensor parallelism");
   LOOM_CHECK(rows > 0 && rows < N);
-  for (int i = 0; i < rows; ++i)
-    if (targets[i] < 0 || targets[i] >= V)
-      throw UserError("token id out of range for a vocabulary of " + std::to_string(V),
-                      "the data was prepared with another tokenizer?");
+  check_token_ids(targets, rows);
   const std::shared_ptr<kernels::Memory> m = backend_->memory();
   const size_t rc = static_cast<size_t>(rows) * C, rv = static_cast<size_t>(rows) * Vp;
   if (share_ln_.size() != rc) {
@@ -645,11 +654,7 @@ float Gpt::head_share(const float* ln, const int* targets, int rows, int N, floa
                   share_ln_.data(), weight(0, 0), rows, C, Vp, nullptr, dlogits16, /*assign=*/true);
   done(0);
   share_dln_.to_host(dln);
-  std::vector<float> losses(static_cast<size_t>(rows));
-  share_losses_.to_host(losses.data());
-  double sum = 0;
-  for (float x : losses) sum += x;
-  return static_cast<float>(sum / N);
+  return loss_share(share_losses_, 0, N);
 }
 
 // ---- the passes ----
@@ -686,12 +691,8 @@ float Gpt::forward_units(Activations& a, int first, int last, const int* tokens,
   LOOM_CHECK_MSG(!share || (with_loss && tp_ == 1 && from > 0 && from < B * T),
                  "a head share needs the loss, no tensor parallelism and 0 < rows < B*T");
   pass_ = "F";
-  for (int i = 0; i < B * T; ++i)
-    if ((first == 0 && (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size)) ||
-        (with_loss && (targets[i] < 0 || targets[i] >= cfg_.vocab_size)))
-      throw UserError(
-          "token id out of range for a vocabulary of " + std::to_string(cfg_.vocab_size),
-          "the data was prepared with another tokenizer?");
+  if (first == 0) check_token_ids(tokens, B * T);
+  if (with_loss) check_token_ids(targets, B * T);
   LOOM_CHECK_MSG(tp_ == 1 || tp_comm_, "a tensor-parallel model needs set_tp_comm()");
   LOOM_CHECK_MSG(!a.weights_pending, "a forward over activations whose weight gradients are due");
   allocate_scratch(B, T);

@@ -104,11 +104,6 @@ enum class BackwardPart {
   kWeight,  // the weight gradients an earlier kInput left (W)
 };
 
-// What one microbatch's forward through a run of units keeps for that run's backward:
-// block inputs on the residual stream, each block's activations (none for a recomputed
-// block), the final norm, logits and losses; between a kInput and a kWeight backward, the
-// output gradients the weight gradients need. A pipeline keeps one per microbatch in
-// flight; Gpt::forward() uses one of its own.
 // The head split (pipeline parallelism, pp.head_split): the head and loss of a microbatch's
 // first `rows` rows run on another stage (Gpt::head_share there), the rest in this run.
 struct HeadShare {
@@ -121,6 +116,11 @@ struct HeadShare {
   std::function<const float*()> input_grad;
 };
 
+// What one microbatch's forward through a run of units keeps for that run's backward:
+// block inputs on the residual stream, each block's activations (none for a recomputed
+// block), the final norm, logits and losses; between a kInput and a kWeight backward, the
+// output gradients the weight gradients need. A pipeline keeps one per microbatch in
+// flight; Gpt::forward() uses one of its own.
 class Activations {
  public:
   size_t bytes() const;  // all of it
@@ -322,6 +322,10 @@ class Gpt {
   void embed_weight_grads(const int* tokens, const float* dx);
   // The mean loss's share of rows [from, N) (sum / N).
   float loss_forward(Activations& a, int from = 0);
+  // UserError when an id of ids[0, n) is outside the vocabulary.
+  void check_token_ids(const int* ids, int n) const;
+  // The sum of losses[from, size) read back to the host, over N (the mean loss's share).
+  static float loss_share(const Floats& losses, size_t from, int N);
   const float* p(int unit, size_t offset) const { return unit_params_[unit] + offset; }
   float* p(int unit, size_t offset) { return unit_params_[unit] + offset; }
   float* g(int unit, size_t offset) { return unit_grads_[unit] + offset; }

@@ -26,8 +26,7 @@ PipelineStage::PipelineStage(model::Gpt& model, std::shared_ptr<comm::Communicat
   V_ = static_cast<int>(pieces_.size()) / P_;
   schedule_ = make_schedule(kind, P_, M_, V_, active_microbatches);
   if (head_rows_ > 0) {
-    const ScheduleTiming t = add_head_passes(schedule_, P_, V_, head.forward_cost, head.cost);
-    LOOM_CHECK(!t.deadlock);
+    add_head_passes(schedule_, P_, V_, head.forward_cost, head.cost);  // checks: no deadlock
     head_grads_.resize(M_);
   }
   const std::string wrong = validate_schedule(schedule_, P_, M_, V_);
@@ -157,7 +156,7 @@ const float* PipelineStage::receive(Kind kind, int from, size_t n) {
 void PipelineStage::send(Kind kind, int to, const float* data, size_t n,
                          const model::Activations* owner) {
   sends_.push_back(link(kind, stage_, to)->comm->send_async(data, n, DType::kF32, 1));
-  sending_from_[owner].push_back(sends_.back());
+  if (owner) sending_from_[owner].push_back(sends_.back());
 }
 
 void PipelineStage::wait_sends() {
@@ -208,7 +207,7 @@ double PipelineStage::head_action(int m, const int* targets, int B, int T, float
   const double loss = model_.head_share(ln, targets + static_cast<size_t>(m) * B * T, head_rows_,
                                         B * T, scale, dln.data());
   if (hooks) hooks->after_action();
-  sends_.push_back(link(kHeadGrad, 0, P_ - 1)->comm->send_async(dln.data(), n, DType::kF32, 1));
+  send(kHeadGrad, P_ - 1, dln.data(), n, nullptr);  // dln lives until the step ends
   return loss;
 }
 

@@ -116,7 +116,8 @@ class PipelineStage {
   void sweep_retiring();  // frees retiring activations no send reads
   void note_peak();       // the peak of activation bytes in memory
   const float* receive(Kind kind, int from, size_t n);
-  // An async send from a buffer of `owner`, which is not reused before the send is done.
+  // An async send from a buffer of `owner`, which is not reused before the send is done
+  // (null: a buffer that lives until the step ends).
   void send(Kind kind, int to, const float* data, size_t n, const model::Activations* owner);
   void wait_sends();
 
