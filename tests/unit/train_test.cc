@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <thread>
 
@@ -171,6 +172,53 @@ TEST(AdamW, MomentsInAFileEqualMomentsInMemoryOverSeveralChunks) {
     EXPECT_EQ(0, std::memcmp(m.data(), memory.in_memory(which), n * sizeof(float)));
   }
   EXPECT_GT(file.bytes_read(), 3.0 * 2 * n * sizeof(float) - 1);
+  fs::remove_all(dir);
+}
+
+// A rank's units as one stream (AdamW::step_all): three ranges of one file, chunks that end
+// inside a range and at its boundary, and a range with its moments in memory between them,
+// update with the same bits as each range stepped alone in memory.
+TEST(AdamW, OneStreamOverSeveralRangesEqualsMomentsInMemory) {
+  const size_t n = 10000;
+  const std::vector<optim::DecaySpan> spans = {{0, 2500, true}, {2500, n, false}};
+  const std::string dir = temp_dir("moments-stream");
+  optim::MomentFile file(dir, 0, /*chunk=*/1000);
+  const std::vector<std::pair<size_t, size_t>> cuts = {
+      {0, 2000}, {2000, 2333}, {2333, 7000}, {7000, n}};
+  std::vector<std::unique_ptr<optim::AdamW>> streamed, memory;
+  for (size_t i = 0; i < cuts.size(); ++i) {
+    const bool in_file = i != 2;  // the third stays in memory
+    streamed.push_back(std::make_unique<optim::AdamW>(spans, cuts[i].first, cuts[i].second,
+                                                      in_file ? &file : nullptr));
+    memory.push_back(std::make_unique<optim::AdamW>(spans, cuts[i].first, cuts[i].second));
+  }
+  std::vector<float> p_stream(n), p_mem(n), g(n);
+  for (size_t i = 0; i < n; ++i) p_stream[i] = p_mem[i] = 0.01f * static_cast<float>(i % 89) - 0.3f;
+  const optim::AdamWParams ap;
+  for (int t = 1; t <= 3; ++t) {
+    for (size_t i = 0; i < n; ++i)
+      g[i] = 0.001f * static_cast<float>((i * 37 + static_cast<size_t>(t) * 11) % 103) - 0.05f;
+    std::vector<optim::AdamW::RangeStep> ranges;
+    for (size_t i = 0; i < cuts.size(); ++i) {
+      const size_t b = cuts[i].first;
+      ranges.push_back({streamed[i].get(), p_stream.data() + b, g.data() + b});
+      memory[i]->step(p_mem.data() + b, g.data() + b, 0.5f, 1e-3, ap, t);
+    }
+    optim::AdamW::step_all(ranges, 0.5f, 1e-3, ap, t);
+  }
+  EXPECT_EQ(0, std::memcmp(p_stream.data(), p_mem.data(), n * sizeof(float)));
+  // Three steps of the file's 5,333 elements, m and v, each read and written once.
+  EXPECT_EQ(file.bytes_read(), 3.0 * 2 * 5333 * sizeof(float));
+  EXPECT_EQ(file.bytes_written(), 3.0 * 2 * 5333 * sizeof(float));
+  for (size_t i = 0; i < cuts.size(); ++i) {
+    const size_t k = cuts[i].second - cuts[i].first;
+    std::vector<float> m(k);
+    for (auto which : {optim::AdamW::kM, optim::AdamW::kV}) {
+      streamed[i]->read(which, 0, k, m.data());
+      EXPECT_EQ(0, std::memcmp(m.data(), memory[i]->in_memory(which), k * sizeof(float)))
+          << "range " << i << (which == optim::AdamW::kM ? " m" : " v");
+    }
+  }
   fs::remove_all(dir);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "loom/core/check.h"
 #include "loom/kernels/cpu/kernels.h"
 
 namespace loom::optim {
@@ -34,48 +35,68 @@ void AdamW::update(float* params, const float* grads, float* m, float* v, size_t
   }
 }
 
-// With the moments in a file: chunk c is read into one of two buffers while chunk c-1
-// updates in the other; the I/O thread runs jobs in order, so a buffer is refilled only
-// after its previous chunk was written back.
 void AdamW::step(float* params, const float* grads, float grad_scale, double lr,
                  const AdamWParams& p, int64_t t) {
-  if (!file_) {
-    update(params, grads, m_.data(), v_.data(), 0, size(), grad_scale, lr, p, t);
-    return;
+  step_all({{this, params, grads}}, grad_scale, lr, p, t);
+}
+
+// With the moments in a file: the ranges' chunks in order, chunk c read into one of the
+// file's two buffers while chunk c-1 updates in the other; the I/O thread runs jobs in
+// order, so a buffer is refilled only after its previous chunk was written back.
+void AdamW::step_all(const std::vector<RangeStep>& ranges, float grad_scale, double lr,
+                     const AdamWParams& p, int64_t t) {
+  struct Chunk {
+    const RangeStep* r;
+    size_t lo, hi;  // elements of the range
+  };
+  std::vector<Chunk> chunks;
+  MomentFile* file = nullptr;
+  for (const RangeStep& r : ranges) {
+    AdamW& a = *r.adam;
+    if (!a.file_) {
+      a.update(r.params, r.grads, a.m_.data(), a.v_.data(), 0, a.size(), grad_scale, lr, p, t);
+      continue;
+    }
+    LOOM_CHECK_MSG(!file || file == a.file_, "AdamW::step_all: ranges of more than one file");
+    file = a.file_;
+    for (size_t lo = 0; lo < a.size(); lo += file->chunk())
+      chunks.push_back({&r, lo, std::min(a.size(), lo + file->chunk())});
   }
-  constexpr size_t kChunk = size_t{1} << 21;  // floats: 8 MiB of m and 8 of v
-  const size_t n = size(), chunks = (n + kChunk - 1) / kChunk;
-  std::vector<float> buf[2][2];  // [buffer][m, v]
-  std::shared_future<void> loaded[2], saved;
-  auto span = [&](size_t c) { return std::pair{c * kChunk, std::min(n, (c + 1) * kChunk)}; };
+  if (chunks.empty()) return;
+  std::shared_future<void> loaded[2];
+  std::vector<std::shared_future<void>> saved;  // each checked: a failed write is an error
+  // Moment `which` of chunk c in the file, and its buffer.
+  auto at = [&](const Chunk& c, int which) {
+    const AdamW& a = *c.r->adam;
+    return a.offset_ + (which * a.size() + c.lo) * sizeof(float);
+  };
+  float* bufs[2][2];  // taken here, before the I/O thread runs a job
+  for (int b : {0, 1})
+    for (int w : {0, 1}) bufs[b][w] = file->buffer(b, w);
+  auto buf = [&](size_t c, int which) { return bufs[c % 2][which]; };
   auto load = [&](size_t c) {
-    // (Named variables, not a structured binding: clang 14 cannot capture one.)
-    const size_t lo = span(c).first, hi = span(c).second;
-    auto& b = buf[c % 2];
-    for (auto& x : b) x.resize(kChunk);
-    loaded[c % 2] = file_->io().submit([this, &b, lo, hi] {
-      file_->read(offset_ + lo * sizeof(float), b[0].data(), (hi - lo) * sizeof(float));
-      file_->read(offset_ + (size() + lo) * sizeof(float), b[1].data(), (hi - lo) * sizeof(float));
+    loaded[c % 2] = file->io().submit([&, c] {
+      for (int w : {0, 1})
+        file->read(at(chunks[c], w), buf(c, w), (chunks[c].hi - chunks[c].lo) * sizeof(float));
     });
   };
   try {
-    if (chunks > 0) load(0);
-    for (size_t c = 0; c < chunks; ++c) {
-      if (c + 1 < chunks) load(c + 1);
+    load(0);
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      if (c + 1 < chunks.size()) load(c + 1);
       loaded[c % 2].get();
-      const size_t lo = span(c).first, hi = span(c).second;
-      auto& b = buf[c % 2];
-      update(params, grads, b[0].data(), b[1].data(), lo, hi, grad_scale, lr, p, t);
-      saved = file_->io().submit([this, &b, lo, hi] {
-        file_->write(offset_ + lo * sizeof(float), b[0].data(), (hi - lo) * sizeof(float));
-        file_->write(offset_ + (size() + lo) * sizeof(float), b[1].data(),
-                     (hi - lo) * sizeof(float));
-      });
+      const Chunk& k = chunks[c];
+      k.r->adam->update(k.r->params, k.r->grads, buf(c, 0), buf(c, 1), k.lo, k.hi, grad_scale, lr,
+                        p, t);
+      saved.push_back(file->io().submit([&, c] {
+        for (int w : {0, 1})
+          file->write(at(chunks[c], w), buf(c, w), (chunks[c].hi - chunks[c].lo) * sizeof(float));
+      }));
     }
-    if (saved.valid()) saved.get();
+    for (auto& s : saved) s.get();
   } catch (...) {
-    // Queued jobs point at the buffers: let the I/O thread finish them before unwinding.
-    file_->io().submit([] {}).wait();
+    // Queued jobs point at the chunk list and buffers: let the I/O thread finish them first.
+    file->io().submit([] {}).wait();
     throw;
   }
 }

@@ -39,6 +39,18 @@ class AdamW {
   // grad_scale (clipping) on the fly; t counts optimizer steps from 1.
   void step(float* params, const float* grads, float grad_scale, double lr, const AdamWParams& p,
             int64_t t);
+  // One range's step: the optimizer, and its params and grads as step() takes them.
+  struct RangeStep {
+    AdamW* adam;
+    float* params;
+    const float* grads;
+  };
+  // Steps every range, with the same bits as step() on each: ranges with their moments in
+  // memory one by one, ranges whose moments are in a file as one stream through that file's
+  // two buffers, the next range's first chunk read while the last one's update runs (a rank's
+  // units are many ranges of one file).
+  static void step_all(const std::vector<RangeStep>& ranges, float grad_scale, double lr,
+                       const AdamWParams& p, int64_t t);
   // Elements [offset, offset + n) of the range's first (m) or second (v) moment, wherever
   // they live (checkpoints).
   enum Moment { kM, kV };

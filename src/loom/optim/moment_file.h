@@ -1,7 +1,8 @@
 // Optimizer-state offload (`zero.offload = disk`, in the spirit of ZeRO-Infinity): Adam's
 // moments of this rank live in a file instead of memory. Each AdamW range owns a region of
-// the file (its m, then its v); a step streams the range through two chunk buffers, reading
-// the next chunk and writing the last one on an I/O thread while the current one updates.
+// the file (its m, then its v); a step streams every range of the file, one after another,
+// through two chunk buffers: the next chunk is read and the last one written on an I/O
+// thread while the current one updates, across range boundaries too.
 // The parameters (loom computes on its fp32 master weights) and gradients stay in memory.
 // The file is scratch, removed when the run ends; checkpoints copy the moments out of it.
 #pragma once
@@ -18,8 +19,10 @@ namespace loom::optim {
 
 class MomentFile {
  public:
-  // Creates `dir` and the file; UserError naming the folder when that fails.
-  MomentFile(const std::string& dir, int rank);
+  // Creates `dir` and the file; UserError naming the folder when that fails. A step streams
+  // chunks of `chunk` elements (8 MiB of m and 8 of v; tests pass fewer).
+  static constexpr size_t kChunk = size_t{1} << 21;
+  MomentFile(const std::string& dir, int rank, size_t chunk = kChunk);
   ~MomentFile();
   MomentFile(const MomentFile&) = delete;
   MomentFile& operator=(const MomentFile&) = delete;
@@ -30,6 +33,10 @@ class MomentFile {
   void read(size_t offset, void* out, size_t bytes) const;
   void write(size_t offset, const void* in, size_t bytes) const;
   IoThread& io() { return *io_; }
+  size_t chunk() const { return chunk_; }
+  // Stream buffer b (0 or 1) of moment which (0: m, 1: v), chunk() floats: allocated on first
+  // use and kept, so a step pays neither the allocation nor zeroed pages again.
+  float* buffer(int b, int which);
   const std::string& path() const { return file_.path(); }
   // Bytes moved since the last reset (optimizer steps and checkpoints).
   double bytes_read() const { return read_.load(); }
@@ -38,7 +45,8 @@ class MomentFile {
 
  private:
   ScratchFile file_;
-  size_t end_ = 0;
+  size_t end_ = 0, chunk_;
+  std::unique_ptr<float[]> buffers_;                  // 4 x chunk_: [b][which]
   mutable std::atomic<double> read_{0}, written_{0};  // the I/O thread adds too
   std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();
 };

@@ -417,11 +417,12 @@ void DataParallel::optimizer_step(float grad_scale, double lr, const optim::Adam
                                   int64_t t) {
   const int nu = static_cast<int>(units_.size());
   for (int u = 0; u < nu; ++u) release_gathered(u);  // stage 3: gathered copies go stale
+  std::vector<optim::AdamW::RangeStep> ranges;
   for (int u = 0; u < nu; ++u) {
     optim::AdamW& adam = *units_[u].adam;
-    if (adam.end() == adam.begin()) continue;
-    adam.step(own_param(u), own_grad(u), grad_scale, lr, c, t);
+    if (adam.end() > adam.begin()) ranges.push_back({&adam, own_param(u), own_grad(u)});
   }
+  optim::AdamW::step_all(ranges, grad_scale, lr, c, t);  // offloaded: one stream for all
   if (policy_->gathers_after_step() && S_ > 1) {
     std::vector<comm::WorkPtr> works;
     for (int u = 0; u < nu; ++u) {
