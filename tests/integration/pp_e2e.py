@@ -67,6 +67,13 @@ def equivalence():
         ("pp=2 x dp=2 zero=1, activation and optimizer offload", 4,
          pp_set(2, "1f1b", "--set", "train.zero=1", "--set", "train.offload_activations=true",
                 "--set", "zero.offload=disk")),
+        # The showcase's layout, whose optimizer step overlaps the next step (zero.overlap_step,
+        # ZeRO 0), and ZeRO 0's gradient allreduce beside the overlapped step.
+        ("pp=4 1f1b, recompute, activation and optimizer offload", 4,
+         pp_set(4, "1f1b", "--set", "train.recompute=all", "--set",
+                "train.offload_activations=true", "--set", "zero.offload=disk")),
+        ("pp=2 x dp=2 zero=0, optimizer offload", 4,
+         pp_set(2, "zb-h1", "--set", "zero.offload=disk")),
         # The head split (stage 0 runs the tied head for a share of each microbatch's rows):
         # not bit-identical (the head's weight gradient is two partial products, summed), so
         # within the tolerance.
@@ -90,6 +97,7 @@ def equivalence():
         "pp=2 gpipe", "pp=2 x dp=2 zero=1 zb-h1", "pp=2 x dp=2 zero=3 interleaved",
         "pp=2 x tp=2 sequence parallel, recompute, zb-h1", "pp=2 gpipe, 2 active microbatches",
         "pp=2 x dp=2 zero=1, activation and optimizer offload", "pp=2 zb-h1, head split",
+        "pp=2 x dp=2 zero=0, optimizer offload",
         "pp=2 x dp=2 zero=3, head split"})
     for name, n, extra in cases:
         d = os.path.join(WORK, "eq_" + slug(name))
@@ -133,6 +141,19 @@ def equivalence():
         fail("the optimizer-state file should be gone after the run")
     print("ok  optimizer state on disk: model state %.1f of %.1f MiB, %.1f MiB moved per step"
           % (with_file["state_peak_mb"][0], in_memory, with_file["zero_offload_mb"][0]))
+    # That run's step overlapped the next one (zero.overlap_step, on by default): the same
+    # bits as the step run where it is called, which returns only when the step is done.
+    d_sync = os.path.join(WORK, "eq_zero_offload_sync")
+    T.train(d_sync, 1, "--set", "zero.offload=disk", "--set", "zero.overlap_step=false")
+    compare("optimizer state on disk, overlapped step vs in place", losses(d), losses(d_sync),
+            tol=0)
+    overlapped, in_place = with_file["optim_ms"][0], metrics(d_sync)[-1]["optim_ms"][0]
+    if not overlapped < 0.5 * in_place:
+        fail("the overlapped step should return at once: optimizer %.1f ms vs %.1f in place" %
+             (overlapped, in_place))
+    print("ok  overlapped step: the optimizer call %.1f ms (in place %.1f), the next step waited "
+          "%.1f ms" % (overlapped, in_place, with_file["optim_wait_ms"][0]))
+    offload_out_of_room()
 
     # pp 4 with 2 chunks per stage needs 8 units: `small` (6 blocks).
     small = ["--set", "model.name=small"]
@@ -161,6 +182,30 @@ def equivalence():
     if want not in p.stdout:
         fail("the log should name the head split (%r):\n%s" % (want, p.stdout[-2000:]))
     print("ok  the head split's share is named")
+
+
+def offload_out_of_room():
+    """A moment file on a file system that fills up during the run (a 1 MiB tmpfs; `tiny`'s
+    moments are 26 MB): the overlapped step's failed write ends the job with the file and
+    the reason named; it neither hangs nor trains on."""
+    if os.geteuid() != 0:
+        print("skip out-of-room offload: mounting a tmpfs needs root")
+        return
+    full = os.path.join(WORK, "full_fs")
+    os.makedirs(full, exist_ok=True)
+    run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", full])
+    try:
+        d = os.path.join(WORK, "eq_zero_offload_full")
+        shutil.rmtree(d, ignore_errors=True)
+        p = run(T.launch(1, d, "--set", "zero.offload=disk", "--set", "zero.offload_dir=" + full),
+                expect_rc=None)
+        want = "loom: error: cannot write %s/adam-moments-rank0.bin: No space left on device" % full
+        if p.returncode != 2 or want not in p.stderr:
+            fail("a full moment file system should end the run (exit 2, %r); exit %d:\n%s"
+                 % (want, p.returncode, p.stderr[-2000:]))
+        print("ok  a moment file that runs out of room: exit 2, %r" % want)
+    finally:
+        run(["umount", full])
 
 
 def resume_from(ref, name, n, extra, want):

@@ -204,7 +204,16 @@ TEST(AdamW, OneStreamOverSeveralRangesEqualsMomentsInMemory) {
       ranges.push_back({streamed[i].get(), p_stream.data() + b, g.data() + b});
       memory[i]->step(p_mem.data() + b, g.data() + b, 0.5f, 1e-3, ap, t);
     }
-    optim::AdamW::step_all(ranges, 0.5f, 1e-3, ap, t);
+    // Each range is reported once, when its parameters are already final (what the overlapped
+    // step's waiters rely on): the range in memory first, then the file's in their order.
+    std::vector<size_t> reported;
+    optim::AdamW::step_all(ranges, 0.5f, 1e-3, ap, t, [&](size_t i) {
+      reported.push_back(i);
+      const size_t b = cuts[i].first, k = cuts[i].second - b;
+      EXPECT_EQ(0, std::memcmp(p_stream.data() + b, p_mem.data() + b, k * sizeof(float)))
+          << "range " << i << " reported before its update was done, step " << t;
+    });
+    EXPECT_EQ(reported, (std::vector<size_t>{2, 0, 1, 3}));
   }
   EXPECT_EQ(0, std::memcmp(p_stream.data(), p_mem.data(), n * sizeof(float)));
   // Three steps of the file's 5,333 elements, m and v, each read and written once.

@@ -44,30 +44,32 @@ void AdamW::step(float* params, const float* grads, float grad_scale, double lr,
 // file's two buffers while chunk c-1 updates in the other; the I/O thread runs jobs in
 // order, so a buffer is refilled only after its previous chunk was written back.
 void AdamW::step_all(const std::vector<RangeStep>& ranges, float grad_scale, double lr,
-                     const AdamWParams& p, int64_t t) {
+                     const AdamWParams& p, int64_t t, const std::function<void(size_t)>& updated) {
   struct Chunk {
-    const RangeStep* r;
+    size_t range;
     size_t lo, hi;  // elements of the range
   };
   std::vector<Chunk> chunks;
   MomentFile* file = nullptr;
-  for (const RangeStep& r : ranges) {
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const RangeStep& r = ranges[i];
     AdamW& a = *r.adam;
     if (!a.file_) {
       a.update(r.params, r.grads, a.m_.data(), a.v_.data(), 0, a.size(), grad_scale, lr, p, t);
+      if (updated) updated(i);
       continue;
     }
     LOOM_CHECK_MSG(!file || file == a.file_, "AdamW::step_all: ranges of more than one file");
     file = a.file_;
     for (size_t lo = 0; lo < a.size(); lo += file->chunk())
-      chunks.push_back({&r, lo, std::min(a.size(), lo + file->chunk())});
+      chunks.push_back({i, lo, std::min(a.size(), lo + file->chunk())});
   }
   if (chunks.empty()) return;
   std::shared_future<void> loaded[2];
   std::vector<std::shared_future<void>> saved;  // each checked: a failed write is an error
   // Moment `which` of chunk c in the file, and its buffer.
   auto at = [&](const Chunk& c, int which) {
-    const AdamW& a = *c.r->adam;
+    const AdamW& a = *ranges[c.range].adam;
     return a.offset_ + (which * a.size() + c.lo) * sizeof(float);
   };
   float* bufs[2][2];  // taken here, before the I/O thread runs a job
@@ -86,8 +88,9 @@ void AdamW::step_all(const std::vector<RangeStep>& ranges, float grad_scale, dou
       if (c + 1 < chunks.size()) load(c + 1);
       loaded[c % 2].get();
       const Chunk& k = chunks[c];
-      k.r->adam->update(k.r->params, k.r->grads, buf(c, 0), buf(c, 1), k.lo, k.hi, grad_scale, lr,
-                        p, t);
+      const RangeStep& r = ranges[k.range];
+      r.adam->update(r.params, r.grads, buf(c, 0), buf(c, 1), k.lo, k.hi, grad_scale, lr, p, t);
+      if (updated && k.hi == r.adam->size()) updated(k.range);
       saved.push_back(file->io().submit([&, c] {
         for (int w : {0, 1})
           file->write(at(chunks[c], w), buf(c, w), (chunks[c].hi - chunks[c].lo) * sizeof(float));

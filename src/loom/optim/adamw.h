@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "loom/core/state_memory.h"
@@ -48,9 +49,12 @@ class AdamW {
   // Steps every range, with the same bits as step() on each: ranges with their moments in
   // memory one by one, ranges whose moments are in a file as one stream through that file's
   // two buffers, the next range's first chunk read while the last one's update runs (a rank's
-  // units are many ranges of one file).
+  // units are many ranges of one file). `updated(i)`, where given, is called once range i's
+  // parameters are final (its moments may still be on their way to the file; they are written
+  // when step_all returns).
   static void step_all(const std::vector<RangeStep>& ranges, float grad_scale, double lr,
-                       const AdamWParams& p, int64_t t);
+                       const AdamWParams& p, int64_t t,
+                       const std::function<void(size_t)>& updated = {});
   // Elements [offset, offset + n) of the range's first (m) or second (v) moment, wherever
   // they live (checkpoints).
   enum Moment { kM, kV };

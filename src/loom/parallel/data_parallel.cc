@@ -1,8 +1,11 @@
 #include "loom/parallel/data_parallel.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "loom/core/check.h"
 #include "loom/core/checksum.h"
@@ -97,6 +100,10 @@ DataParallel::DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOpt
 
 DataParallel::~DataParallel() {
   model_.set_hooks(nullptr);
+  try {
+    settle();
+  } catch (const std::exception&) {  // reported where it was waited for, or moot now
+  }
   // Let in-flight operations finish before their buffers go away.
   auto quietly_wait = [](const comm::WorkPtr& w) {
     try {
@@ -177,6 +184,7 @@ void DataParallel::give(StateVector& v) {
 // ---- weights ----
 
 void DataParallel::init_weights(uint64_t seed) {
+  settle();
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     release_gathered(u);
     const Unit& x = units_[u];
@@ -190,11 +198,13 @@ void DataParallel::init_weights(uint64_t seed) {
 }
 
 std::optional<uint64_t> DataParallel::replica_checksum() const {
+  settle();
   if (policy_->params_sharded()) return std::nullopt;
   return checksum64(params_.data(), params_.size() * sizeof(float));
 }
 
 uint64_t DataParallel::held_checksum(const std::function<bool(const model::Tensor&)>& keep) {
+  settle();
   Checksum64 sum;
   const bool sharded = policy_->params_sharded();
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
@@ -216,6 +226,7 @@ static ckpt::Region region_of(const model::Tensor& t, int64_t b, int64_t n) {
 }
 
 void DataParallel::load(const ckpt::TensorSource& r, bool weights_only) {
+  settle();
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     release_gathered(u);
     const Unit& x = units_[u];
@@ -244,6 +255,7 @@ void DataParallel::load(const ckpt::TensorSource& r, bool weights_only) {
 }
 
 std::vector<ckpt::Piece> DataParallel::checkpoint_pieces() {
+  settle();
   std::vector<ckpt::Piece> pieces;
   if (replica_group_ && replica_group_->rank() != 0) return pieces;  // a replica writes
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
@@ -279,6 +291,11 @@ std::vector<ckpt::Piece> DataParallel::checkpoint_pieces() {
 // ---- one step ----
 
 void DataParallel::zero_grad() {
+  if (overlapped_.thread.joinable()) {
+    grads_stale_.assign(units_.size(), 1);  // the update still reads them: zeroed at each
+    return;                                 // unit's first use (await_unit)
+  }
+  grads_stale_.clear();
   std::fill(grads_.begin(), grads_.end(), 0.0f);
 }
 
@@ -385,6 +402,7 @@ double DataParallel::grad_sum_of_squares() {
   // Stage 0: every rank holds the whole averaged gradient; 1-3: each its slices, summed
   // over the shard group. Replicated tensors count on one tensor-parallel rank, the tied
   // embedding's head copy not at all.
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) await_unit(u);
   double ss = 0;
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     const size_t base = units_[u].adam->begin();
@@ -399,6 +417,7 @@ double DataParallel::grad_sum_of_squares() {
 }
 
 std::optional<std::pair<int, std::string>> DataParallel::first_nonfinite_grad() {
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) await_unit(u);
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     const size_t base = units_[u].adam->begin();
     std::optional<std::pair<int, std::string>> found;
@@ -413,14 +432,49 @@ std::optional<std::pair<int, std::string>> DataParallel::first_nonfinite_grad() 
   return std::nullopt;
 }
 
+bool DataParallel::overlaps_step() const {
+  return opt_.overlap_step && opt_.moments && !policy_->shards();
+}
+
 void DataParallel::optimizer_step(float grad_scale, double lr, const optim::AdamWParams& c,
                                   int64_t t) {
   const int nu = static_cast<int>(units_.size());
+  for (int u = 0; u < nu; ++u) await_unit(u);
+  settle();
   for (int u = 0; u < nu; ++u) release_gathered(u);  // stage 3: gathered copies go stale
   std::vector<optim::AdamW::RangeStep> ranges;
+  std::vector<int> unit_of;  // ranges[i] steps unit unit_of[i]
   for (int u = 0; u < nu; ++u) {
     optim::AdamW& adam = *units_[u].adam;
-    if (adam.end() > adam.begin()) ranges.push_back({&adam, own_param(u), own_grad(u)});
+    if (adam.end() > adam.begin())
+      ranges.push_back({&adam, own_param(u), own_grad(u)}), unit_of.push_back(u);
+  }
+  if (overlaps_step()) {
+    Overlapped& o = overlapped_;
+    o.updated.assign(units_.size(), 1);
+    for (int u : unit_of) o.updated[u] = 0;
+    o.error = nullptr;
+    o.thread = std::thread([&o, ranges, unit_of, grad_scale, lr, c, t] {
+      omp_set_num_threads(1);  // beside the compute threads, waiting on the file mostly
+      auto mark = [&o](int u) {
+        {
+          std::lock_guard<std::mutex> lock(o.mu);
+          if (u >= 0)
+            o.updated[u] = 1;
+          else
+            std::fill(o.updated.begin(), o.updated.end(), 1);
+        }
+        o.cv.notify_all();
+      };
+      try {
+        optim::AdamW::step_all(ranges, grad_scale, lr, c, t, [&](size_t i) { mark(unit_of[i]); });
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(o.mu);
+        o.error = std::current_exception();
+      }
+      mark(-1);  // done, or failed: nobody waits on
+    });
+    return;
   }
   optim::AdamW::step_all(ranges, grad_scale, lr, c, t);  // offloaded: one stream for all
   if (policy_->gathers_after_step() && S_ > 1) {
@@ -432,6 +486,33 @@ void DataParallel::optimizer_step(float grad_scale, double lr, const optim::Adam
     }
     for (auto& w : works) wait(w);
   }
+}
+
+void DataParallel::await_unit(int u) {
+  Overlapped& o = overlapped_;
+  if (o.thread.joinable()) {
+    std::unique_lock<std::mutex> lock(o.mu);
+    if (!o.updated[u]) {
+      step_wait_s_ += seconds_taken([&] { o.cv.wait(lock, [&] { return o.updated[u] != 0; }); });
+    }
+    if (o.error) {
+      lock.unlock();
+      settle();  // joins and rethrows
+    }
+  }
+  if (!grads_stale_.empty() && grads_stale_[u]) {
+    const Unit& x = units_[u];
+    std::fill(grads_.begin() + static_cast<std::ptrdiff_t>(x.full_off),
+              grads_.begin() + static_cast<std::ptrdiff_t>(x.full_off + x.shard * S_), 0.0f);
+    grads_stale_[u] = 0;
+  }
+}
+
+void DataParallel::settle() const {
+  Overlapped& o = overlapped_;
+  if (!o.thread.joinable()) return;
+  step_wait_s_ += seconds_taken([&] { o.thread.join(); });
+  if (o.error) std::rethrow_exception(std::exchange(o.error, nullptr));
 }
 
 // ---- hooks ----
@@ -520,6 +601,7 @@ void DataParallel::release_gathered(int u) {
 }
 
 void DataParallel::before_use(int u) {
+  await_unit(u);  // the overlapped step's update of u (and its stale gradients)
   if (policy_->grads_whole_through_step() || phase_ == Phase::kIdle) return;
   Unit& x = units_[u];
   const bool backward = phase_ == Phase::kBackward;

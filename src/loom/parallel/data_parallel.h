@@ -35,12 +35,16 @@
 // model-state memory ZeRO's formulas predict (docs/algorithms.md "Data parallel and ZeRO").
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "loom/ckpt/checkpoint.h"
@@ -80,6 +84,10 @@ struct DpOptions {
   bool pipeline = false;
   // zero.offload = disk: Adam's moments in this file instead of memory.
   std::shared_ptr<optim::MomentFile> moments;
+  // zero.overlap_step: with the moments in a file and a policy that does not shard (ZeRO 0),
+  // optimizer_step() returns at once and the streamed step runs on a thread beside what
+  // follows; the next use of each unit waits for that unit's update (overlaps_step()).
+  bool overlap_step = false;
 };
 
 class DataParallel : public model::UnitHooks, public PipelineHooks {
@@ -127,6 +135,14 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   // A pass over the gradients: not for the hot path.
   std::optional<std::pair<int, std::string>> first_nonfinite_grad();
   void optimizer_step(float grad_scale, double lr, const optim::AdamWParams& p, int64_t t);
+  // Whether optimizer_step() hands the step to a thread (DpOptions::overlap_step where it
+  // applies). The parameters are then final unit by unit: the model's uses wait in
+  // before_use(), and every method here that reads parameters, moments or gradients waits for
+  // the whole step first.
+  bool overlaps_step() const;
+  // Seconds the calling thread waited for an overlapped step since the last reset.
+  double step_wait_s() const { return step_wait_s_; }
+  void reset_step_wait() { step_wait_s_ = 0; }
 
   // ZeRO-3: uses whose unit was not gathered or being gathered yet (not prefetched), since
   // construction.
@@ -199,6 +215,23 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   template <typename Fn>
   void for_each_slice(int u, size_t lo, size_t hi, Fn fn) const;
   bool counted_here(const model::Tensor& t) const;  // in this rank's share of norms and files
+  // The overlapped step (overlaps_step()): waits until unit u's parameters are final, and
+  // zeroes its gradients where zero_grad() left them to the update; settle() waits for the
+  // whole step and its moments' writes. Both rethrow the step's error.
+  void await_unit(int u);
+  void settle() const;
+
+  // The overlapped step's thread, and which units it has updated.
+  struct Overlapped {
+    std::thread thread;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<char> updated;  // per unit
+    std::exception_ptr error;
+  };
+  mutable Overlapped overlapped_;
+  std::vector<char> grads_stale_;  // per unit: zero_grad() ran during the overlapped step
+  mutable double step_wait_s_ = 0;
 
   model::Gpt& model_;
   std::shared_ptr<comm::Communicator> dp_, tp_, shard_group_, replica_group_;

@@ -38,6 +38,7 @@ enum class PerRank : int {
   kOffloadMb,          // activations spilled and loaded (train.offload_activations only)
   kZeroOffloadMb,      // optimizer state moved to and from its file (zero.offload = disk only)
   kOptimMs,            // the optimizer step, with ZeRO's gathers and any offload
+  kOptimWaitMs,        // forward and backward waiting for the last step's overlapped update
   kDataMs,             // the data loader
   kComputeMs,          // forward and backward less the communication waited for inside
   kExposedCommMs,      // communication waited for outside the optimizer
@@ -59,6 +60,7 @@ inline constexpr std::array<PerRankField, kPerRankCount> kPerRankFields = {{
     {"offload_mb", nullptr},
     {"zero_offload_mb", nullptr},
     {"optim_ms", nullptr},
+    {"optim_wait_ms", nullptr},
     {"data_ms", nullptr},
     {"compute_ms", nullptr},
     {"exposed_comm_ms", nullptr},

@@ -82,6 +82,9 @@ struct TrainConfig {
   std::string shared_gather = "auto";   // auto | off: ZeRO-3 gathers one copy per machine
   std::string zero_offload = "none";    // none | disk: Adam's moments in a file, streamed
   std::string zero_offload_dir;         // that file's folder; "": run.dir/offload
+  // With zero.offload = disk and unsharded parameters: the streamed Adam step runs on a thread
+  // beside the next step, whose first use of each unit waits for that unit's update.
+  bool zero_overlap_step = true;
   // [optim]
   double lr = 6e-4;
   double min_lr_ratio = 0.1;  // cosine decays to lr x this at train.steps

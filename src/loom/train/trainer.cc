@@ -304,7 +304,7 @@ float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop
   }
   const auto fb_start = Clock::now();
   data_s_ = std::chrono::duration<double>(fb_start - data_start).count();
-  const double comm_before = dp_->comm_wait_s();
+  const double comm_before = dp_->comm_wait_s(), optim_wait_before = dp_->step_wait_s();
   dp_->zero_grad();
   // The accumulation micro-steps (a pipeline's microbatches), through this rank's part.
   const float scale = 1.0f / static_cast<float>(cfg_.grad_accum);
@@ -335,6 +335,7 @@ float Trainer::train_step(int64_t step, double lr, double* grad_norm, bool* stop
   const auto optim_start = Clock::now();
   fb_s_ = std::chrono::duration<double>(optim_start - fb_start).count();
   fb_comm_s_ = dp_->comm_wait_s() - comm_before;
+  fb_optim_wait_s_ = dp_->step_wait_s() - optim_wait_before;
   if (!health_.bad()) {  // a bad step's update is never applied, whatever the policy
     TraceSpan span("optimizer", "optimizer");
     dp_->optimizer_step(clip, lr, cfg_.adamw(), step + 1);
@@ -469,6 +470,7 @@ RankMetrics Trainer::rank_metrics(double comm_wait_ms, double tp_comm_ms) {
   }
   if (!pipeline_) m.leave_out(F::kPpWaitMs);
   if (!pipeline_ || !pipeline_->offload()) m.leave_out(F::kOffloadMb);
+  if (!dp_->overlaps_step()) m.leave_out(F::kOptimWaitMs);
   if (moments_) {  // optimizer state moved to and from its file in the step
     m.set(F::kZeroOffloadMb, (moments_->bytes_read() + moments_->bytes_written()) / kMiB);
     moments_->reset_counters();
@@ -488,8 +490,9 @@ RankMetrics Trainer::rank_metrics(double comm_wait_ms, double tp_comm_ms) {
   m.set(F::kBlockActivationMb, block_act / kMiB);
   m.set(F::kPpWaitMs, pp_wait_ms);
   m.set(F::kOptimMs, optim_s_ * 1e3);
+  m.set(F::kOptimWaitMs, fb_optim_wait_s_ * 1e3);
   m.set(F::kDataMs, data_s_ * 1e3);
-  m.set(F::kComputeMs, std::max(0.0, (fb_s_ - fb_comm_s_) * 1e3 - blocked_ms));
+  m.set(F::kComputeMs, std::max(0.0, (fb_s_ - fb_comm_s_ - fb_optim_wait_s_) * 1e3 - blocked_ms));
   m.set(F::kExposedCommMs, comm_wait_ms - optim_comm_s_ * 1e3 + blocked_ms);
   m.set(F::kCommInPlaceMb, static_cast<double>(in_place - in_place_seen_) / kMiB);
   in_place_seen_ = in_place;
@@ -731,6 +734,7 @@ void Trainer::build_parallel_state() {
   dpo.shared_buffers = cfg_.shared_buffers == "auto";
   dpo.shared_gather = cfg_.shared_gather == "auto";
   dpo.moments = moments_;
+  dpo.overlap_step = cfg_.zero_overlap_step;
   if (mesh_->pp() > 1) {
     pipeline_ = std::make_unique<parallel::PipelineStage>(
         *model_, groups_.pp, pieces_, schedule_, static_cast<int>(cfg_.grad_accum),

@@ -159,6 +159,7 @@ class Trainer {
   // backward and gradient reductions, the optimizer (with ZeRO's gathers and any offload),
   // and the data-parallel communication waited for during the first two and the optimizer.
   double data_s_ = 0, fb_s_ = 0, optim_s_ = 0, fb_comm_s_ = 0, optim_comm_s_ = 0;
+  double fb_optim_wait_s_ = 0;  // of fb_s_: waiting for the overlapped optimizer step
   uint64_t in_place_seen_ = 0;  // comm::transport_stats().bytes_read_in_place at the last step
   // For --plan: every step's time and the largest model-state and activation high-water
   // marks over the ranks (MiB).
