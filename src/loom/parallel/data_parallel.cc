@@ -402,7 +402,7 @@ double DataParallel::grad_sum_of_squares() {
   // Stage 0: every rank holds the whole averaged gradient; 1-3: each its slices, summed
   // over the shard group. Replicated tensors count on one tensor-parallel rank, the tied
   // embedding's head copy not at all.
-  for (int u = 0; u < static_cast<int>(units_.size()); ++u) await_unit(u);
+  await_units();
   double ss = 0;
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     const size_t base = units_[u].adam->begin();
@@ -417,7 +417,7 @@ double DataParallel::grad_sum_of_squares() {
 }
 
 std::optional<std::pair<int, std::string>> DataParallel::first_nonfinite_grad() {
-  for (int u = 0; u < static_cast<int>(units_.size()); ++u) await_unit(u);
+  await_units();
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     const size_t base = units_[u].adam->begin();
     std::optional<std::pair<int, std::string>> found;
@@ -439,7 +439,7 @@ bool DataParallel::overlaps_step() const {
 void DataParallel::optimizer_step(float grad_scale, double lr, const optim::AdamWParams& c,
                                   int64_t t) {
   const int nu = static_cast<int>(units_.size());
-  for (int u = 0; u < nu; ++u) await_unit(u);
+  await_units();
   settle();
   for (int u = 0; u < nu; ++u) release_gathered(u);  // stage 3: gathered copies go stale
   std::vector<optim::AdamW::RangeStep> ranges;
@@ -506,6 +506,10 @@ void DataParallel::await_unit(int u) {
               grads_.begin() + static_cast<std::ptrdiff_t>(x.full_off + x.shard * S_), 0.0f);
     grads_stale_[u] = 0;
   }
+}
+
+void DataParallel::await_units() {
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) await_unit(u);
 }
 
 void DataParallel::settle() const {

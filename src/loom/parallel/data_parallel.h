@@ -140,9 +140,8 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   // before_use(), and every method here that reads parameters, moments or gradients waits for
   // the whole step first.
   bool overlaps_step() const;
-  // Seconds the calling thread waited for an overlapped step since the last reset.
+  // Seconds the calling thread has waited for overlapped steps (callers take differences).
   double step_wait_s() const { return step_wait_s_; }
-  void reset_step_wait() { step_wait_s_ = 0; }
 
   // ZeRO-3: uses whose unit was not gathered or being gathered yet (not prefetched), since
   // construction.
@@ -219,6 +218,7 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   // zeroes its gradients where zero_grad() left them to the update; settle() waits for the
   // whole step and its moments' writes. Both rethrow the step's error.
   void await_unit(int u);
+  void await_units();  // await_unit for every unit: before reading this step's gradients
   void settle() const;
 
   // The overlapped step's thread, and which units it has updated.
