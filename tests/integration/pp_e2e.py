@@ -154,6 +154,7 @@ def equivalence():
     print("ok  overlapped step: the optimizer call %.1f ms (in place %.1f), the next step waited "
           "%.1f ms" % (overlapped, in_place, with_file["optim_wait_ms"][0]))
     offload_out_of_room()
+    master_offload()
 
     # pp 4 with 2 chunks per stage needs 8 units: `small` (6 blocks).
     small = ["--set", "model.name=small"]
@@ -182,6 +183,53 @@ def equivalence():
     if want not in p.stdout:
         fail("the log should name the head split (%r):\n%s" % (want, p.stdout[-2000:]))
     print("ok  the head split's share is named")
+
+
+def ckpt_bytes(run_dir):
+    """Every checkpoint's data files under run_dir, by relative path."""
+    out = {}
+    root = os.path.join(run_dir, "ckpt")
+    for step in sorted(os.listdir(root)):
+        for name in sorted(os.listdir(os.path.join(root, step))):
+            if name.endswith(".bin"):
+                with open(os.path.join(root, step, name), "rb") as f:
+                    out[step + "/" + name] = f.read()
+    return out
+
+
+def master_offload():
+    """zero.offload_master: the fp32 master weights stream with Adam's moments and the blocks'
+    weight matrices leave memory; the bf16 products read copies made from the master after each
+    update. The same bits as the master in memory — losses and every checkpoint byte — on one
+    process and on pp 2 (the step beside the next), with this CPU's bf16 products and with the
+    widening path of CPUs without them (oneDNN held to AVX2); the model state drops by the
+    matrices' 4 bytes per element; a run resumes from its own checkpoint bit for bit."""
+    bf16 = ["--set", "train.dtype=bf16", "--set", "zero.offload=disk", "--set", "ckpt.every=10"]
+    master = ["--set", "zero.offload_master=true"]
+    avx2 = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
+    for name, n, extra, env in [("one process", 1, [], None), ("pp=2 1f1b", 2, pp_set(2), None),
+                                ("one process, products widened (AVX2)", 1, [], avx2)]:
+        ref, mine = (os.path.join(WORK, "eq_master_" + slug(name) + k) for k in ("_ref", ""))
+        for d, more in ((ref, []), (mine, master)):
+            shutil.rmtree(d, ignore_errors=True)
+            run(T.launch(n, d, *bf16, *extra, *more), env=env)
+        compare("master weights on disk, " + name, losses(mine), losses(ref), tol=0)
+        if ckpt_bytes(mine) != ckpt_bytes(ref):
+            fail("master weights on disk, %s: the checkpoints differ from the master in memory's"
+                 % name)
+        if n == 1 and env is None:
+            # tiny: 2 blocks of 12 x 64^2 matrix elements, 4 bytes each, less the partial pages
+            # at the 8 matrices' ends (at most 2 x 4 KiB each).
+            drop = metrics(ref)[-1]["state_peak_mb"][0] - metrics(mine)[-1]["state_peak_mb"][0]
+            full = 2 * 12 * 64 * 64 * 4 / 2**20
+            if not full - 8 * 8 / 1024 <= drop <= full + 1e-3:
+                fail("master weights on disk should free the matrices' %.3f MiB of model state; "
+                     "freed %.3f" % (full, drop))
+            print("ok  master weights on disk: model state %.3f MiB lower (the matrices: %.3f)"
+                  % (drop, full))
+            # Its own checkpoint resumes it bit for bit.
+            T.resume_from(WORK, mine, "master weights on disk -> itself", 1, bf16 + master,
+                          losses(mine), tol=0)
 
 
 def offload_out_of_room():
@@ -276,6 +324,10 @@ def resume():
                 "train.offload_dir=/proc/loom-spill"), "cannot create the activation spill file"),
         ("offload without a pipeline", 2, ["--set", "train.offload_activations=true"],
          "train.offload_activations needs pipeline parallelism"),
+        ("master-weight offload without the moments on disk", 2,
+         ["--set", "zero.offload_master=true", "--set", "train.dtype=bf16"],
+         "zero.offload_master needs zero.offload = \"disk\", train.zero = 0, train.dtype = "
+         "\"bf16\" and train.backend = \"cpu\"; this run has zero.offload = \"none\""),
         ("an optimizer-state folder that cannot be written", 2,
          ["--set", "zero.offload=disk", "--set", "zero.offload_dir=/proc/loom-offload"],
          "cannot create the optimizer-state file"),

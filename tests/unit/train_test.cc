@@ -231,6 +231,63 @@ TEST(AdamW, OneStreamOverSeveralRangesEqualsMomentsInMemory) {
   fs::remove_all(dir);
 }
 
+// zero.offload_master: the fp32 master weights stream from the file with the moments (two
+// ranges, chunks ending inside and at a range's end): over 3 steps the master equals in-memory
+// AdamW's parameters bit for bit, `fresh` hands over every element once per step with its
+// updated value before the range is reported, and the caller's parameters are not read.
+TEST(AdamW, MasterWeightsInAFileEqualInMemoryAdamW) {
+  const size_t n = 5000;
+  const std::vector<optim::DecaySpan> spans = {{0, 1200, true}, {1200, n, false}};
+  const std::string dir = temp_dir("master");
+  optim::MomentFile file(dir, 0, /*chunk=*/1000);
+  const std::vector<std::pair<size_t, size_t>> cuts = {{0, 1500}, {1500, n}};
+  std::vector<std::unique_ptr<optim::AdamW>> streamed, memory;
+  std::vector<float> p_mem(n), g(n), seen(n, std::nanf("")), master(n);
+  for (size_t i = 0; i < n; ++i) p_mem[i] = 0.01f * static_cast<float>(i % 83) - 0.3f;
+  for (const auto& [b, e] : cuts) {
+    streamed.push_back(std::make_unique<optim::AdamW>(spans, b, e, &file, /*master=*/true));
+    memory.push_back(std::make_unique<optim::AdamW>(spans, b, e));
+    streamed.back()->write(optim::AdamW::kMaster, 0, e - b, p_mem.data() + b);
+  }
+  const optim::AdamWParams ap;
+  for (int t = 1; t <= 3; ++t) {
+    for (size_t i = 0; i < n; ++i)
+      g[i] = 0.001f * static_cast<float>((i * 41 + static_cast<size_t>(t) * 13) % 107) - 0.05f;
+    std::vector<optim::AdamW::RangeStep> ranges;
+    for (size_t i = 0; i < cuts.size(); ++i) {
+      const size_t b = cuts[i].first;
+      ranges.push_back({streamed[i].get(), nullptr, g.data() + b});
+      memory[i]->step(p_mem.data() + b, g.data() + b, 0.5f, 1e-3, ap, t);
+    }
+    std::vector<int> handed(n, 0);
+    std::vector<size_t> reported;
+    optim::AdamW::step_all(
+        ranges, 0.5f, 1e-3, ap, t,
+        [&](size_t i) {
+          reported.push_back(i);
+          for (size_t k = cuts[i].first; k < cuts[i].second; ++k)
+            ASSERT_EQ(handed[k], 1) << "range " << i << " reported before element " << k;
+        },
+        [&](size_t i, size_t lo, size_t hi, const float* v) {
+          for (size_t k = lo; k < hi; ++k) ++handed[cuts[i].first + k];
+          std::copy(v, v + (hi - lo),
+                    seen.begin() + static_cast<std::ptrdiff_t>(cuts[i].first + lo));
+        });
+    EXPECT_EQ(reported, (std::vector<size_t>{0, 1}));
+    EXPECT_TRUE(std::all_of(handed.begin(), handed.end(), [](int h) { return h == 1; }));
+    EXPECT_EQ(0, std::memcmp(seen.data(), p_mem.data(), n * sizeof(float))) << "step " << t;
+  }
+  for (size_t i = 0; i < cuts.size(); ++i)
+    streamed[i]->read(optim::AdamW::kMaster, 0, cuts[i].second - cuts[i].first,
+                      master.data() + cuts[i].first);
+  EXPECT_EQ(0, std::memcmp(master.data(), p_mem.data(), n * sizeof(float)));
+  // The master written once at the start; then three steps, m, v and the master of every
+  // element read and written once each (and the master read back above).
+  EXPECT_EQ(file.bytes_written(), n * sizeof(float) + 3.0 * 3 * n * sizeof(float));
+  EXPECT_EQ(file.bytes_read(), 3.0 * 3 * n * sizeof(float) + n * sizeof(float));
+  fs::remove_all(dir);
+}
+
 TEST(TensorBoard, Crc32cKnownAnswer) {
   EXPECT_EQ(train::crc32c("123456789", 9), 0xE3069283u);  // the Castagnoli check value
 }

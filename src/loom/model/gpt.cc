@@ -176,10 +176,29 @@ void Gpt::bind_unit(int u, float* params, float* grads) {
 void Gpt::set_backend(std::unique_ptr<kernels::Backend> b) {
   b->set_precision(backend_->precision());
   backend_ = std::move(b);
-  unit16_.clear(), unit16_from_.clear();  // copies made for the old backend's products
+  // Copies the model made were for the old backend's products; the owner's stay.
+  for (size_t u = 0; u < unit16_.size(); ++u)
+    if (owned16_.empty() || !owned16_[u]) unit16_[u] = {}, unit16_from_[u] = nullptr;
+}
+
+uint16_t* Gpt::owner_bf16(int u) {
+  if (unit16_.empty()) unit16_.resize(units_.size()), unit16_from_.assign(units_.size(), nullptr);
+  if (owned16_.empty()) owned16_.assign(units_.size(), 0);
+  const auto [begin, end] = units_[u];
+  if (!owned16_[u]) unit16_[u].assign(end - begin, 0), owned16_[u] = 1;
+  return unit16_[u].data();
+}
+
+bool Gpt::only_bf16_read(const Tensor& t) const {
+  if (t.unit < 1 || t.unit > cfg_.n_layer) return false;
+  const size_t at = t.offset - units_[t.unit].first;
+  for (BlockTensor m : {kQkvw, kProjw, kFcw, kFcProjw})
+    if (at == block_offsets_[m]) return true;
+  return false;
 }
 
 void Gpt::round_unit(int u) {
+  if (!owned16_.empty() && owned16_[u]) return;  // the owner's copy is current
   if (!bf16_copies_ || !backend_->reads_bf16() || !unit_params_[u]) return;
   if (unit16_.empty()) unit16_.resize(units_.size()), unit16_from_.assign(units_.size(), nullptr);
   const auto [begin, end] = units_[u];
@@ -189,6 +208,7 @@ void Gpt::round_unit(int u) {
 }
 
 const uint16_t* Gpt::p16(int unit, size_t offset) const {
+  if (!owned16_.empty() && owned16_[unit]) return unit16_[unit].data() + offset;
   if (unit16_.empty() || !unit16_from_[unit] || unit16_from_[unit] != unit_params_[unit] ||
       !backend_->reads_bf16())
     return nullptr;

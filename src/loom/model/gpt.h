@@ -215,6 +215,17 @@ class Gpt {
   // instead of one per product. Costs 2 bytes per parameter of the units between forward
   // and backward: off under ZeRO-3, whose point is not to hold every unit.
   void set_bf16_weight_copies(bool on) { bf16_copies_ = on; }
+  // Master-weight offload (zero.offload_master): the owner of the parameters takes over unit
+  // u's bf16 copy (its whole range, allocated on the first call) and keeps it current, written
+  // from the master values after every update; the model never rounds that unit itself, and
+  // products read the copy whatever the CPU (without bf16 products they widen it: the same
+  // numbers). So the fp32 values of the unit's tensors read only through their copies
+  // (only_bf16_read) need not be in memory. Other units keep the model's own copies.
+  uint16_t* owner_bf16(int u);
+  // Whether products are the only readers of tensor t, through its bf16 copy, under bf16
+  // precision: the blocks' four weight matrices (LayerNorm, biases and the embeddings' lookup
+  // read fp32 values).
+  bool only_bf16_read(const Tensor& t) const;
   // Whether the passes that produce a product's operand (LayerNorm, GELU, attention's softmax,
   // the loss's backward) write its bf16 rounding for the product, and operands two products
   // read are rounded once (on: the default). Off, every product rounds its own operands: the
@@ -366,6 +377,7 @@ class Gpt {
   int recompute_every_ = 0;
   std::unique_ptr<kernels::Backend> backend_;
   bool bf16_copies_ = true;
+  std::vector<char> owned16_;  // per unit: its copy is the owner's (owner_bf16)
   // Per unit: its bf16 copy and the fp32 buffer it was made from (a copy is read only
   // while the unit is still bound to that buffer).
   std::vector<std::vector<uint16_t, StateAllocator<uint16_t>>> unit16_;

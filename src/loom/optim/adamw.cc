@@ -7,14 +7,16 @@
 
 namespace loom::optim {
 
-AdamW::AdamW(const std::vector<DecaySpan>& spans, size_t begin, size_t end, MomentFile* file)
-    : begin_(begin), end_(end), file_(file) {
+AdamW::AdamW(const std::vector<DecaySpan>& spans, size_t begin, size_t end, MomentFile* file,
+             bool master)
+    : begin_(begin), end_(end), file_(file), master_(master) {
+  LOOM_CHECK_MSG(file || !master, "AdamW: master weights in a file need the moments' file");
   for (const auto& s : spans) {
     const size_t lo = std::max(begin, s.begin), hi = std::min(end, s.end);
     if (lo < hi) spans_.push_back({lo - begin, hi - begin, s.decay});
   }
   if (file_)
-    offset_ = file_->allocate(2 * size() * sizeof(float));
+    offset_ = file_->allocate((master_ ? 3 : 2) * size() * sizeof(float));
   else
     m_.assign(size(), 0.0f), v_.assign(size(), 0.0f);
 }
@@ -24,7 +26,7 @@ void AdamW::update(float* params, const float* grads, float* m, float* v, size_t
   for (const DecaySpan& s : spans_) {
     const size_t a = std::max(lo, s.begin), b = std::min(hi, s.end);
     if (a >= b) continue;
-    float *pa = params + a, *ma = m + (a - lo), *va = v + (a - lo);
+    float *pa = params + (a - lo), *ma = m + (a - lo), *va = v + (a - lo);
     const float wd = s.decay ? p.weight_decay : 0.0f, lr32 = static_cast<float>(lr);
     if (backend_)
       backend_->adamw_update(pa, grads + a, ma, va, b - a, lr32, p.beta1, p.beta2, p.eps, wd,
@@ -44,7 +46,8 @@ void AdamW::step(float* params, const float* grads, float grad_scale, double lr,
 // file's two buffers while chunk c-1 updates in the other; the I/O thread runs jobs in
 // order, so a buffer is refilled only after its previous chunk was written back.
 void AdamW::step_all(const std::vector<RangeStep>& ranges, float grad_scale, double lr,
-                     const AdamWParams& p, int64_t t, const std::function<void(size_t)>& updated) {
+                     const AdamWParams& p, int64_t t, const std::function<void(size_t)>& updated,
+                     const Fresh& fresh) {
   struct Chunk {
     size_t range;
     size_t lo, hi;  // elements of the range
@@ -54,6 +57,7 @@ void AdamW::step_all(const std::vector<RangeStep>& ranges, float grad_scale, dou
   for (size_t i = 0; i < ranges.size(); ++i) {
     const RangeStep& r = ranges[i];
     AdamW& a = *r.adam;
+    LOOM_CHECK_MSG(!a.master_ || fresh, "AdamW::step_all: master weights in a file need `fresh`");
     if (!a.file_) {
       a.update(r.params, r.grads, a.m_.data(), a.v_.data(), 0, a.size(), grad_scale, lr, p, t);
       if (updated) updated(i);
@@ -67,18 +71,18 @@ void AdamW::step_all(const std::vector<RangeStep>& ranges, float grad_scale, dou
   if (chunks.empty()) return;
   std::shared_future<void> loaded[2];
   std::vector<std::shared_future<void>> saved;  // each checked: a failed write is an error
-  // Moment `which` of chunk c in the file, and its buffer.
+  // Slot `which` of chunk c in the file, and its buffer; how many slots its range has there.
   auto at = [&](const Chunk& c, int which) {
-    const AdamW& a = *ranges[c.range].adam;
-    return a.offset_ + (which * a.size() + c.lo) * sizeof(float);
+    return ranges[c.range].adam->file_offset(static_cast<Slot>(which), c.lo);
   };
-  float* bufs[2][2];  // taken here, before the I/O thread runs a job
+  auto slots = [&](const Chunk& c) { return ranges[c.range].adam->master_ ? 3 : 2; };
+  float* bufs[2][3];  // taken here, before the I/O thread runs a job
   for (int b : {0, 1})
-    for (int w : {0, 1}) bufs[b][w] = file->buffer(b, w);
+    for (int w : {0, 1, 2}) bufs[b][w] = file->buffer(b, w);
   auto buf = [&](size_t c, int which) { return bufs[c % 2][which]; };
   auto load = [&](size_t c) {
     loaded[c % 2] = file->io().submit([&, c] {
-      for (int w : {0, 1})
+      for (int w = 0; w < slots(chunks[c]); ++w)
         file->read(at(chunks[c], w), buf(c, w), (chunks[c].hi - chunks[c].lo) * sizeof(float));
     });
   };
@@ -89,10 +93,13 @@ void AdamW::step_all(const std::vector<RangeStep>& ranges, float grad_scale, dou
       loaded[c % 2].get();
       const Chunk& k = chunks[c];
       const RangeStep& r = ranges[k.range];
-      r.adam->update(r.params, r.grads, buf(c, 0), buf(c, 1), k.lo, k.hi, grad_scale, lr, p, t);
+      const bool master = r.adam->master_;
+      r.adam->update(master ? buf(c, 2) : r.params + k.lo, r.grads, buf(c, 0), buf(c, 1), k.lo,
+                     k.hi, grad_scale, lr, p, t);
+      if (master) fresh(k.range, k.lo, k.hi, buf(c, 2));
       if (updated && k.hi == r.adam->size()) updated(k.range);
       saved.push_back(file->io().submit([&, c] {
-        for (int w : {0, 1})
+        for (int w = 0; w < slots(chunks[c]); ++w)
           file->write(at(chunks[c], w), buf(c, w), (chunks[c].hi - chunks[c].lo) * sizeof(float));
       }));
     }
@@ -104,23 +111,25 @@ void AdamW::step_all(const std::vector<RangeStep>& ranges, float grad_scale, dou
   }
 }
 
-void AdamW::read(Moment which, size_t offset, size_t n, float* out) const {
+void AdamW::read(Slot which, size_t offset, size_t n, float* out) const {
+  LOOM_CHECK(which != kMaster || master_);
+  LOOM_CHECK_LE(offset + n, size());
   if (!file_) {
     const StateVector& x = which == kM ? m_ : v_;
     std::copy(x.begin() + offset, x.begin() + offset + n, out);
     return;
   }
-  file_->read(offset_ + ((which == kM ? 0 : size()) + offset) * sizeof(float), out,
-              n * sizeof(float));
+  file_->read(file_offset(which, offset), out, n * sizeof(float));
 }
 
-void AdamW::write(Moment which, size_t offset, size_t n, const float* in) {
+void AdamW::write(Slot which, size_t offset, size_t n, const float* in) {
+  LOOM_CHECK(which != kMaster || master_);
+  LOOM_CHECK_LE(offset + n, size());
   if (!file_) {
     std::copy(in, in + n, (which == kM ? m_ : v_).begin() + offset);
     return;
   }
-  file_->write(offset_ + ((which == kM ? 0 : size()) + offset) * sizeof(float), in,
-               n * sizeof(float));
+  file_->write(file_offset(which, offset), in, n * sizeof(float));
 }
 
 }  // namespace loom::optim

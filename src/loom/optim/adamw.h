@@ -28,8 +28,13 @@ class AdamW {
  public:
   // Moments for elements [begin, end) of the layout; `spans` (in layout coordinates, in any
   // number) say where weight decay applies and are clipped to the range. With `file` the
-  // moments live there (zero.offload = disk) and a step streams them through memory.
-  AdamW(const std::vector<DecaySpan>& spans, size_t begin, size_t end, MomentFile* file = nullptr);
+  // moments live there (zero.offload = disk) and a step streams them through memory; with
+  // `master` too the range's fp32 master weights live there (zero.offload_master), after
+  // the moments, and stream with them: the caller's parameters are then a copy it derives
+  // from each updated chunk (step_all's `fresh`), not what the update reads.
+  AdamW(const std::vector<DecaySpan>& spans, size_t begin, size_t end, MomentFile* file = nullptr,
+        bool master = false);
+  bool master_in_file() const { return master_; }
   // The kernels the update runs on (the model's backend; it must outlive this); without one,
   // the CPU kernel.
   void set_backend(kernels::Backend* b) { backend_ = b; }
@@ -40,7 +45,8 @@ class AdamW {
   // grad_scale (clipping) on the fly; t counts optimizer steps from 1.
   void step(float* params, const float* grads, float grad_scale, double lr, const AdamWParams& p,
             int64_t t);
-  // One range's step: the optimizer, and its params and grads as step() takes them.
+  // One range's step: the optimizer, and its params and grads as step() takes them (params
+  // unused, may be null, when the master weights are in the file).
   struct RangeStep {
     AdamW* adam;
     float* params;
@@ -51,29 +57,37 @@ class AdamW {
   // two buffers, the next range's first chunk read while the last one's update runs (a rank's
   // units are many ranges of one file). `updated(i)`, where given, is called once range i's
   // parameters are final (its moments may still be on their way to the file; they are written
-  // when step_all returns).
+  // when step_all returns). With the master weights in the file, `fresh(i, lo, hi, master)`
+  // is called with elements [lo, hi) of range i's master weights once updated, before they go
+  // back to the file (the caller's working copy is made there), and before updated(i).
+  using Fresh = std::function<void(size_t range, size_t lo, size_t hi, const float* master)>;
   static void step_all(const std::vector<RangeStep>& ranges, float grad_scale, double lr,
                        const AdamWParams& p, int64_t t,
-                       const std::function<void(size_t)>& updated = {});
-  // Elements [offset, offset + n) of the range's first (m) or second (v) moment, wherever
-  // they live (checkpoints).
-  enum Moment { kM, kV };
-  void read(Moment which, size_t offset, size_t n, float* out) const;
-  void write(Moment which, size_t offset, size_t n, const float* in);
+                       const std::function<void(size_t)>& updated = {}, const Fresh& fresh = {});
+  // Elements [offset, offset + n) of the range's first (m) or second (v) moment or of its
+  // master weights (kMaster: only where they live in the file), wherever they live
+  // (checkpoints, loads).
+  enum Slot { kM, kV, kMaster };
+  void read(Slot which, size_t offset, size_t n, float* out) const;
+  void write(Slot which, size_t offset, size_t n, const float* in);
   // The moment in memory, or null when it lives in the file.
-  const float* in_memory(Moment which) const {
+  const float* in_memory(Slot which) const {
     return file_ ? nullptr : (which == kM ? m_ : v_).data();
   }
 
  private:
-  // The update of elements [lo, hi) of the range, moments at m and v (chunk-relative).
+  // The update of elements [lo, hi) of the range: params, m and v point at element lo.
   void update(float* params, const float* grads, float* m, float* v, size_t lo, size_t hi,
               float grad_scale, double lr, const AdamWParams& p, int64_t t);
+  size_t file_offset(Slot which, size_t element) const {
+    return offset_ + (static_cast<size_t>(which) * size() + element) * sizeof(float);
+  }
 
   size_t begin_, end_;
   std::vector<DecaySpan> spans_;  // relative to begin_
   StateVector m_, v_;             // in memory, or
-  MomentFile* file_ = nullptr;    // in the file at offset_: m (size() floats), then v
+  MomentFile* file_ = nullptr;    // in the file at offset_: m (size() floats), v, [master]
+  bool master_ = false;
   size_t offset_ = 0;
   kernels::Backend* backend_ = nullptr;
 };

@@ -5,13 +5,15 @@ namespace loom::optim {
 MomentFile::MomentFile(const std::string& dir, int rank, size_t chunk)
     : file_(dir, "adam-moments-rank" + std::to_string(rank) + ".bin", "optimizer-state file",
             "point zero.offload_dir at a writable folder with room for 8 bytes per parameter of "
-            "this rank (default: run.dir/offload), or set zero.offload = \"none\""),
+            "this rank, 12 with zero.offload_master (default: run.dir/offload), or set "
+            "zero.offload = \"none\""),
       chunk_(chunk) {}
 
 float* MomentFile::buffer(int b, int which) {
   // Not value-initialised: every element is read from the file before it is used.
-  if (!buffers_) buffers_.reset(new float[4 * chunk_]);
-  return buffers_.get() + (2 * b + which) * chunk_;
+  // Untouched pages take no memory: the master's two buffers only when they are used.
+  if (!buffers_) buffers_.reset(new float[6 * chunk_]);
+  return buffers_.get() + (3 * b + which) * chunk_;
 }
 
 MomentFile::~MomentFile() {

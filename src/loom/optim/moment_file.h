@@ -34,8 +34,9 @@ class MomentFile {
   void write(size_t offset, const void* in, size_t bytes) const;
   IoThread& io() { return *io_; }
   size_t chunk() const { return chunk_; }
-  // Stream buffer b (0 or 1) of moment which (0: m, 1: v), chunk() floats: allocated on first
-  // use (not zeroed) and kept for every later step (32 MiB). Freed after each step, they
+  // Stream buffer b (0 or 1) of slot which (0: m, 1: v, 2: the master weights), chunk()
+  // floats: allocated on first use (not zeroed) and kept for every later step (32 MiB, 48 with
+  // the master weights). Freed after each step, they
   // would cost their page faults again: 0.25 s a step in a VM (gpt2-124m, measured).
   float* buffer(int b, int which);
   const std::string& path() const { return file_.path(); }
@@ -47,7 +48,7 @@ class MomentFile {
  private:
   ScratchFile file_;
   size_t end_ = 0, chunk_;
-  std::unique_ptr<float[]> buffers_;                  // 4 x chunk_: [b][which]
+  std::unique_ptr<float[]> buffers_;                  // 6 x chunk_: [b][which]
   mutable std::atomic<double> read_{0}, written_{0};  // the I/O thread adds too
   std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();
 };

@@ -72,10 +72,22 @@ DataParallel::DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOpt
                    shard_group_->topology().max_local() > 1;
   if (opt_.shared_buffers && dp_ && !dp_->topology().force_tcp && dp_->topology().max_local() > 1)
     source_ = comm::shared_state_source();
+  LOOM_CHECK_MSG(!opt_.offload_master || (opt_.moments && !policy_->shards()),
+                 "zero.offload_master needs zero.offload = disk and ZeRO 0");
   {
     StateMemory::SourceScope from(source_);  // only these: the moments stay on the heap
-    params_.assign(policy_->params_sharded() ? shard : full, 0.0f);
+    if (!opt_.offload_master) params_.assign(policy_->params_sharded() ? shard : full, 0.0f);
     grads_.assign(policy_->grads_whole_through_step() ? full : shard, 0.0f);
+  }
+  if (opt_.offload_master) {  // in flat-layout order: the units' buffers follow one another
+    std::vector<SparseFloats::Range> absent;
+    for (const model::Tensor& t : model_.tensors()) {
+      const Unit& x = units_[t.unit];
+      if (x.n() > 0 && model_.only_bf16_read(t))
+        absent.push_back(
+            {x.full_off + (t.offset - x.begin), x.full_off + (t.offset - x.begin) + t.size});
+    }
+    sparse_params_ = SparseFloats(full, absent);
   }
   std::vector<optim::DecaySpan> decay;
   for (const model::Tensor& t : model_.tensors())
@@ -83,12 +95,13 @@ DataParallel::DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOpt
   for (int u = 0; u < static_cast<int>(nu); ++u) {
     Unit& x = units_[u];
     optim::MomentFile* file = opt_.moments.get();
-    x.adam = policy_->shards() ? std::make_unique<optim::AdamW>(decay, x.own_begin, x.own_end, file)
-                               : std::make_unique<optim::AdamW>(decay, x.begin, x.end, file);
+    x.adam = policy_->shards()
+                 ? std::make_unique<optim::AdamW>(decay, x.own_begin, x.own_end, file)
+                 : std::make_unique<optim::AdamW>(decay, x.begin, x.end, file, opt_.offload_master);
     x.adam->set_backend(&model_.backend());
     // Between uses the model sees the unit's parameters where they are replicated, and its
     // gradient buffer where a whole one lives through the step.
-    float* params = policy_->params_sharded() ? nullptr : params_.data() + x.full_off;
+    float* params = policy_->params_sharded() ? nullptr : param_base() + x.full_off;
     float* grads = policy_->grads_whole_through_step() ? grads_.data() + x.full_off : nullptr;
     if (x.n() == 0) params = grads = nullptr;
     model_.bind_unit(u, params, grads);
@@ -96,6 +109,13 @@ DataParallel::DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOpt
   model_.set_hooks(this);
   // ZeRO-3 gathers a unit for each use and frees it after: no bf16 copy of every unit.
   model_.set_bf16_weight_copies(!policy_->params_sharded());
+  // zero.offload_master: this engine keeps the bf16 copies of the units with tensors whose
+  // fp32 values leave memory (made before a step's thread writes into them).
+  owns_bf16_.assign(nu, 0);
+  if (opt_.offload_master)
+    for (const model::Tensor& t : model_.tensors())
+      if (units_[t.unit].n() > 0 && model_.only_bf16_read(t) && !owns_bf16_[t.unit])
+        model_.owner_bf16(t.unit), owns_bf16_[t.unit] = 1;
 }
 
 DataParallel::~DataParallel() {
@@ -143,13 +163,35 @@ float* DataParallel::own_grad(int u) {
 
 float* DataParallel::own_param(int u) {
   const Unit& x = units_[u];
-  if (!policy_->shards()) return params_.data() + x.full_off;
-  if (policy_->params_sharded()) return params_.data() + x.shard_off;
-  return params_.data() + x.full_off + r_ * x.shard;
+  if (!policy_->shards()) return param_base() + x.full_off;
+  if (policy_->params_sharded()) return param_base() + x.shard_off;
+  return param_base() + x.full_off + r_ * x.shard;
 }
 
 float* DataParallel::full_param(int u) {
-  return params_.data() + units_[u].full_off;
+  return param_base() + units_[u].full_off;
+}
+
+void DataParallel::master_changed(int u, size_t lo, size_t n, const float* v) {
+  const Unit& x = units_[u];
+  if (owns_bf16_[u])
+    model_.backend().round_to_bf16(model_.owner_bf16(u) + lo, v, static_cast<int64_t>(n));
+  for (const auto& [a, b] : sparse_params_.resident(x.full_off + lo, x.full_off + lo + n))
+    std::copy(v + (a - x.full_off - lo), v + (b - x.full_off - lo), param_base() + a);
+}
+
+void DataParallel::read_master(int u, size_t lo, size_t n, float* out) const {
+  const Unit& x = units_[u];
+  if (opt_.offload_master)
+    x.adam->read(optim::AdamW::kMaster, x.begin + lo - x.adam->begin(), n, out);
+  else
+    std::copy(param_base() + x.full_off + lo, param_base() + x.full_off + lo + n, out);
+}
+
+template <typename Fn>
+void DataParallel::for_each_piece(int u, Fn fn) const {
+  const size_t step = opt_.moments ? opt_.moments->chunk() : optim::MomentFile::kChunk;
+  for (size_t lo = 0; lo < units_[u].n(); lo += step) fn(lo, std::min(step, units_[u].n() - lo));
 }
 
 // A tensor split across the model-parallel group counts on every rank (each holds its own
@@ -191,6 +233,14 @@ void DataParallel::init_weights(uint64_t seed) {
     if (policy_->params_sharded()) {
       std::fill(own_param(u), own_param(u) + x.shard, 0.0f);  // padding stays 0
       model_.init_params(seed, x.own_begin, x.own_end, own_param(u));
+    } else if (opt_.offload_master) {
+      std::vector<float> v;
+      for_each_piece(u, [&](size_t lo, size_t n) {
+        v.resize(n);
+        model_.init_params(seed, x.begin + lo, x.begin + lo + n, v.data());
+        x.adam->write(optim::AdamW::kMaster, lo, n, v.data());
+        master_changed(u, lo, n, v.data());
+      });
     } else {
       model_.init_params(seed, x.begin, x.end, full_param(u));
     }
@@ -200,7 +250,16 @@ void DataParallel::init_weights(uint64_t seed) {
 std::optional<uint64_t> DataParallel::replica_checksum() const {
   settle();
   if (policy_->params_sharded()) return std::nullopt;
-  return checksum64(params_.data(), params_.size() * sizeof(float));
+  if (!opt_.offload_master) return checksum64(params_.data(), params_.size() * sizeof(float));
+  Checksum64 sum;  // the master weights, unit by unit, streamed from the file
+  std::vector<float> v;
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u)
+    for_each_piece(u, [&](size_t lo, size_t n) {
+      v.resize(n);
+      read_master(u, lo, n, v.data());
+      sum.update(v.data(), n * sizeof(float));
+    });
+  return sum.value();
 }
 
 uint64_t DataParallel::held_checksum(const std::function<bool(const model::Tensor&)>& keep) {
@@ -212,6 +271,12 @@ uint64_t DataParallel::held_checksum(const std::function<bool(const model::Tenso
     for_each_slice(u, sharded ? x.own_begin : x.begin, sharded ? x.own_end : x.end,
                    [&](const model::Tensor& t, int64_t, int64_t n, size_t a) {
                      if (!keep(t)) return;
+                     if (opt_.offload_master && model_.only_bf16_read(t)) {  // not in memory
+                       std::vector<float> v(static_cast<size_t>(n));
+                       read_master(u, a - x.begin, v.size(), v.data());
+                       sum.update(v.data(), v.size() * sizeof(float));
+                       return;
+                     }
                      const float* p =
                          sharded ? own_param(u) + (a - x.own_begin) : full_param(u) + (a - x.begin);
                      sum.update(p, static_cast<size_t>(n) * sizeof(float));
@@ -246,7 +311,15 @@ void DataParallel::load(const ckpt::TensorSource& r, bool weights_only) {
             r.read("param/" + t.name, t.shape, region_of(t, b, n),
                    own_param(u) + (a - x.own_begin));
         });
-    if (!policy_->params_sharded())
+    if (opt_.offload_master)  // into the file, and from there the copies in memory
+      for_each_slice(u, x.begin, x.end,
+                     [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
+                       tmp.resize(static_cast<size_t>(n));
+                       r.read("param/" + t.name, t.shape, region_of(t, b, n), tmp.data());
+                       adam.write(optim::AdamW::kMaster, a - mbase, tmp.size(), tmp.data());
+                       master_changed(u, a - x.begin, tmp.size(), tmp.data());
+                     });
+    else if (!policy_->params_sharded())
       for_each_slice(
           u, x.begin, x.end, [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
             r.read("param/" + t.name, t.shape, region_of(t, b, n), full_param(u) + (a - x.begin));
@@ -268,7 +341,16 @@ std::vector<ckpt::Piece> DataParallel::checkpoint_pieces() {
           const float* p = policy_->params_sharded() ? own_param(u) + (a - x.own_begin)
                                                      : full_param(u) + (a - x.begin);
           const ckpt::Region reg = region_of(t, b, n);
-          pieces.push_back({"param/" + t.name, t.shape, reg, p, {}});
+          if (opt_.offload_master && model_.only_bf16_read(t)) {  // streamed from the file
+            const size_t off = a - mbase;
+            pieces.push_back({"param/" + t.name, t.shape, reg, nullptr,
+                              [adam, off](int64_t begin, int64_t count, float* out) {
+                                adam->read(optim::AdamW::kMaster, off + static_cast<size_t>(begin),
+                                           static_cast<size_t>(count), out);
+                              }});
+          } else {
+            pieces.push_back({"param/" + t.name, t.shape, reg, p, {}});
+          }
           for (const auto& moment :
                {std::pair{"adam_m/", optim::AdamW::kM}, std::pair{"adam_v/", optim::AdamW::kV}}) {
             // Named variables: the lambda below captures `which`, and clang 14 cannot
@@ -447,14 +529,22 @@ void DataParallel::optimizer_step(float grad_scale, double lr, const optim::Adam
   for (int u = 0; u < nu; ++u) {
     optim::AdamW& adam = *units_[u].adam;
     if (adam.end() > adam.begin())
-      ranges.push_back({&adam, own_param(u), own_grad(u)}), unit_of.push_back(u);
+      ranges.push_back({&adam, opt_.offload_master ? nullptr : own_param(u), own_grad(u)}),
+          unit_of.push_back(u);
   }
+  // zero.offload_master: each updated chunk of the master makes its part of the copies the
+  // model reads (the range is the whole unit: ZeRO 0).
+  optim::AdamW::Fresh fresh;
+  if (opt_.offload_master)
+    fresh = [this, unit_of](size_t i, size_t lo, size_t hi, const float* v) {
+      master_changed(unit_of[i], lo, hi - lo, v);
+    };
   if (overlaps_step()) {
     Overlapped& o = overlapped_;
     o.updated.assign(units_.size(), 1);
     for (int u : unit_of) o.updated[u] = 0;
     o.error = nullptr;
-    o.thread = std::thread([&o, ranges, unit_of, grad_scale, lr, c, t] {
+    o.thread = std::thread([&o, ranges, unit_of, fresh, grad_scale, lr, c, t] {
       omp_set_num_threads(1);  // beside the compute threads, waiting on the file mostly
       auto mark = [&o](int u) {
         {
@@ -467,7 +557,8 @@ void DataParallel::optimizer_step(float grad_scale, double lr, const optim::Adam
         o.cv.notify_all();
       };
       try {
-        optim::AdamW::step_all(ranges, grad_scale, lr, c, t, [&](size_t i) { mark(unit_of[i]); });
+        optim::AdamW::step_all(
+            ranges, grad_scale, lr, c, t, [&](size_t i) { mark(unit_of[i]); }, fresh);
       } catch (...) {
         std::lock_guard<std::mutex> lock(o.mu);
         o.error = std::current_exception();
@@ -476,7 +567,7 @@ void DataParallel::optimizer_step(float grad_scale, double lr, const optim::Adam
     });
     return;
   }
-  optim::AdamW::step_all(ranges, grad_scale, lr, c, t);  // offloaded: one stream for all
+  optim::AdamW::step_all(ranges, grad_scale, lr, c, t, {}, fresh);  // offloaded: one stream
   if (policy_->gathers_after_step() && S_ > 1) {
     std::vector<comm::WorkPtr> works;
     for (int u = 0; u < nu; ++u) {

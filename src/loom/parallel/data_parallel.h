@@ -49,6 +49,7 @@
 
 #include "loom/ckpt/checkpoint.h"
 #include "loom/comm/communicator.h"
+#include "loom/core/sparse_floats.h"
 #include "loom/core/state_memory.h"
 #include "loom/core/stats.h"
 #include "loom/model/gpt.h"
@@ -88,6 +89,12 @@ struct DpOptions {
   // optimizer_step() returns at once and the streamed step runs on a thread beside what
   // follows; the next use of each unit waits for that unit's update (overlaps_step()).
   bool overlap_step = false;
+  // zero.offload_master (with `moments`, a policy that does not shard, bf16 products): the fp32
+  // master weights live in the moments' file too and stream with them; the model reads each
+  // unit's bf16 copy, made from the master after every update (Gpt::set_owner_bf16_copies),
+  // and the weight matrices' fp32 values are not in memory at all (SparseFloats). Tensors the
+  // model reads in fp32 (norms, biases, embeddings) keep an fp32 copy in memory.
+  bool offload_master = false;
 };
 
 class DataParallel : public model::UnitHooks, public PipelineHooks {
@@ -200,6 +207,19 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   float* own_grad(int u);             // this rank's reduced gradient shard of unit u
   float* own_param(int u);            // this rank's parameter shard of unit u
   float* full_param(int u);           // stage 0-2: the unit's full parameters
+  // Where the parameters are: params_, or sparse_params_ (zero.offload_master).
+  float* param_base() { return sparse_params_.empty() ? params_.data() : sparse_params_.data(); }
+  const float* param_base() const {
+    return sparse_params_.empty() ? params_.data() : sparse_params_.data();
+  }
+  // zero.offload_master: elements [lo, lo + n) of unit u's master weights (lo from the unit's
+  // start) have become `v`: their bf16 copy and the fp32 values kept in memory follow.
+  void master_changed(int u, size_t lo, size_t n, const float* v);
+  // Unit u's master weights [lo, lo + n) from wherever they live.
+  void read_master(int u, size_t lo, size_t n, float* out) const;
+  // Runs fn(lo, n) over unit u in pieces of at most the moments' file's chunk.
+  template <typename Fn>
+  void for_each_piece(int u, Fn fn) const;
   // Unit-sized buffers (gathered parameters, full gradients) are taken from and given back
   // to a pool: the memory stays counted (StateMemory sees no free), but a step does not
   // pay the kernel for fresh zeroed pages every time (~12% of a ZeRO-3 step on `small`
@@ -242,7 +262,11 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   // The units' parameters and gradients, full (padded) or this rank's shards as the policy
   // says (ParamHome, GradHome).
   StateVector params_, grads_;
-  bool shared_gather_ = false;  // gathers into machine buffers (zero.shared_gather)
+  // zero.offload_master: params_ is empty and the parameters are here, the weight matrices'
+  // pages left out (their master is in the file, their bf16 copy in the model).
+  SparseFloats sparse_params_;
+  std::vector<char> owns_bf16_;  // per unit: its bf16 copy is kept here (Gpt::owner_bf16)
+  bool shared_gather_ = false;   // gathers into machine buffers (zero.shared_gather)
   std::multimap<size_t, comm::MachineBuffer> machine_pool_;  // free machine buffers by size
   std::multimap<size_t, StateVector> pool_;
   StateSource* source_ = nullptr;  // where params_, grads_ and pooled buffers live

@@ -131,6 +131,7 @@ std::vector<Field> fields_of(TrainConfig& c) {
        }},
       {"zero.offload_dir", &c.zero_offload_dir, [] { return std::string(); }},
       {"zero.overlap_step", &c.zero_overlap_step, [] { return std::string(); }},
+      {"zero.offload_master", &c.zero_offload_master, [] { return std::string(); }},
       {"zero.comm_dtype", &c.comm_dtype,
        [&] {
          return one_of(c.comm_dtype, {"fp32", "bf16"});

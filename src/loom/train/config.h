@@ -85,6 +85,10 @@ struct TrainConfig {
   // With zero.offload = disk and unsharded parameters: the streamed Adam step runs on a thread
   // beside the next step, whose first use of each unit waits for that unit's update.
   bool zero_overlap_step = true;
+  // With zero.offload = disk, ZeRO 0 and train.dtype = bf16: the fp32 master weights stream
+  // with the moments; memory keeps the bf16 copies the products read (and the fp32 norms,
+  // biases and embeddings).
+  bool zero_offload_master = false;
   // [optim]
   double lr = 6e-4;
   double min_lr_ratio = 0.1;  // cosine decays to lr x this at train.steps

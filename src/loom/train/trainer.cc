@@ -615,6 +615,24 @@ void Trainer::plan_layout() {
             (mesh_->tp() > 1 ? "train.tp = " + std::to_string(mesh_->tp())
                              : std::string("train.offload_activations")),
         "turn pp.head_split off, or run it with train.tp = 1 and no activation offload");
+  if (cfg_.zero_offload_master) {
+    std::string missing;
+    if (cfg_.zero_offload != "disk")
+      missing = "zero.offload = \"" + cfg_.zero_offload + "\"";
+    else if (cfg_.zero != 0)
+      missing = "train.zero = " + std::to_string(cfg_.zero);
+    else if (cfg_.dtype != "bf16")
+      missing = "train.dtype = \"" + cfg_.dtype + "\"";
+    else if (cfg_.backend != "cpu")
+      missing = "train.backend = \"" + cfg_.backend + "\"";
+    if (!missing.empty())
+      throw UserError(
+          "zero.offload_master needs zero.offload = \"disk\", train.zero = 0, "
+          "train.dtype = \"bf16\" and train.backend = \"cpu\"; this run has " +
+              missing,
+          "set those four, or leave zero.offload_master out (the master weights stay "
+          "in memory)");
+  }
   if (P == 1 && cfg_.offload_activations)
     throw UserError("train.offload_activations needs pipeline parallelism (train.pp > 1)",
                     "without a pipeline one micro-batch is held at a time; use train.recompute "
@@ -735,6 +753,7 @@ void Trainer::build_parallel_state() {
   dpo.shared_gather = cfg_.shared_gather == "auto";
   dpo.moments = moments_;
   dpo.overlap_step = cfg_.zero_overlap_step;
+  dpo.offload_master = cfg_.zero_offload_master;
   if (mesh_->pp() > 1) {
     pipeline_ = std::make_unique<parallel::PipelineStage>(
         *model_, groups_.pp, pieces_, schedule_, static_cast<int>(cfg_.grad_accum),

@@ -49,10 +49,16 @@ void to_bf16(std::vector<uint16_t>& out, const float* in, int64_t n) {
   round_to_bf16(out.data(), in, n);
 }
 // Operands rounded to bf16 and kept as floats: what a bf16 product reads, for the fp32
-// primitive (CPUs without bf16 instructions).
-void round_bf16(std::vector<float>& out, const float* in, int64_t n) {
+// primitive (CPUs without bf16 instructions); widened from the caller's bf16 copy where it
+// hands one along (the same values: its fp32 values may not be in memory, zero.offload_master).
+void round_bf16(std::vector<float>& out, const float* in, const uint16_t* in16, int64_t n) {
   if (static_cast<int64_t>(out.size()) < n) out.resize(n);
   float* o = out.data();
+  if (in16) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_f32(in16[i]);
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_f32(f32_to_bf16(in[i]));
 }
@@ -172,8 +178,8 @@ void Gemm::run(const GemmShape& s, MatrixView a, MatrixView b, MatrixView c, flo
     ap = operand(a, impl_->a16, span(s, a, s.M, s.K));
     bp = operand(b, impl_->b16, span(s, b, s.K, s.N));
   } else if (rounded) {
-    round_bf16(impl_->a32, a.data, span(s, a, s.M, s.K));
-    round_bf16(impl_->b32, b.data, span(s, b, s.K, s.N));
+    round_bf16(impl_->a32, a.data, a.bf16, span(s, a, s.M, s.K));
+    round_bf16(impl_->b32, b.data, b.bf16, span(s, b, s.K, s.N));
     ap = impl_->a32.data();
     bp = impl_->b32.data();
   }
