@@ -230,6 +230,16 @@ def master_offload():
             # Its own checkpoint resumes it bit for bit.
             T.resume_from(WORK, mine, "master weights on disk -> itself", 1, bf16 + master,
                           losses(mine), tol=0)
+        if n == 2:
+            # The last stage (final norm and head) holds the tied embedding only for the head's
+            # product: its fp32 wte and wpe ((50304 + 64) x 64) leave memory too.
+            drop = metrics(ref)[-1]["state_peak_mb"][1] - metrics(mine)[-1]["state_peak_mb"][1]
+            full = (50304 + 64) * 64 * 4 / 2**20
+            if not full - 2 * 8 / 1024 <= drop <= full + 1e-3:
+                fail("master weights on disk: the head's stage should free the embedding's "
+                     "%.3f MiB; freed %.3f" % (full, drop))
+            print("ok  master weights on disk: the head's stage %.2f MiB lower (its embedding "
+                  "copy: %.2f)" % (drop, full))
 
 
 def offload_out_of_room():

@@ -189,8 +189,9 @@ uint16_t* Gpt::owner_bf16(int u) {
   return unit16_[u].data();
 }
 
-bool Gpt::only_bf16_read(const Tensor& t) const {
-  if (t.unit < 1 || t.unit > cfg_.n_layer) return false;
+bool Gpt::only_bf16_read(const Tensor& t, bool lookup) const {
+  if (t.unit == 0) return !lookup;
+  if (t.unit > cfg_.n_layer) return false;
   const size_t at = t.offset - units_[t.unit].first;
   for (BlockTensor m : {kQkvw, kProjw, kFcw, kFcProjw})
     if (at == block_offsets_[m]) return true;

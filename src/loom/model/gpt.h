@@ -223,9 +223,10 @@ class Gpt {
   // (only_bf16_read) need not be in memory. Other units keep the model's own copies.
   uint16_t* owner_bf16(int u);
   // Whether products are the only readers of tensor t, through its bf16 copy, under bf16
-  // precision: the blocks' four weight matrices (LayerNorm, biases and the embeddings' lookup
-  // read fp32 values).
-  bool only_bf16_read(const Tensor& t) const;
+  // precision: the blocks' four weight matrices (LayerNorm and biases read fp32 values), and
+  // the embedding's tensors where this rank does not run the lookup (`lookup` false: a last
+  // pipeline stage's copy for the tied head, whose wpe nothing reads).
+  bool only_bf16_read(const Tensor& t, bool lookup = true) const;
   // Whether the passes that produce a product's operand (LayerNorm, GELU, attention's softmax,
   // the loss's backward) write its bf16 rounding for the product, and operands two products
   // read are rounded once (on: the default). Off, every product rounds its own operands: the

@@ -83,7 +83,7 @@ DataParallel::DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOpt
     std::vector<SparseFloats::Range> absent;
     for (const model::Tensor& t : model_.tensors()) {
       const Unit& x = units_[t.unit];
-      if (x.n() > 0 && model_.only_bf16_read(t))
+      if (x.n() > 0 && offloaded(t))
         absent.push_back(
             {x.full_off + (t.offset - x.begin), x.full_off + (t.offset - x.begin) + t.size});
     }
@@ -114,7 +114,7 @@ DataParallel::DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOpt
   owns_bf16_.assign(nu, 0);
   if (opt_.offload_master)
     for (const model::Tensor& t : model_.tensors())
-      if (units_[t.unit].n() > 0 && model_.only_bf16_read(t) && !owns_bf16_[t.unit])
+      if (units_[t.unit].n() > 0 && offloaded(t) && !owns_bf16_[t.unit])
         model_.owner_bf16(t.unit), owns_bf16_[t.unit] = 1;
 }
 
@@ -170,6 +170,10 @@ float* DataParallel::own_param(int u) {
 
 float* DataParallel::full_param(int u) {
   return param_base() + units_[u].full_off;
+}
+
+bool DataParallel::offloaded(const model::Tensor& t) const {
+  return opt_.offload_master && model_.only_bf16_read(t, /*lookup=*/!opt_.unit0_is_head_copy);
 }
 
 void DataParallel::master_changed(int u, size_t lo, size_t n, const float* v) {
@@ -271,7 +275,7 @@ uint64_t DataParallel::held_checksum(const std::function<bool(const model::Tenso
     for_each_slice(u, sharded ? x.own_begin : x.begin, sharded ? x.own_end : x.end,
                    [&](const model::Tensor& t, int64_t, int64_t n, size_t a) {
                      if (!keep(t)) return;
-                     if (opt_.offload_master && model_.only_bf16_read(t)) {  // not in memory
+                     if (offloaded(t)) {  // not in memory
                        std::vector<float> v(static_cast<size_t>(n));
                        read_master(u, a - x.begin, v.size(), v.data());
                        sum.update(v.data(), v.size() * sizeof(float));
@@ -341,7 +345,7 @@ std::vector<ckpt::Piece> DataParallel::checkpoint_pieces() {
           const float* p = policy_->params_sharded() ? own_param(u) + (a - x.own_begin)
                                                      : full_param(u) + (a - x.begin);
           const ckpt::Region reg = region_of(t, b, n);
-          if (opt_.offload_master && model_.only_bf16_read(t)) {  // streamed from the file
+          if (offloaded(t)) {  // streamed from the file
             const size_t off = a - mbase;
             pieces.push_back({"param/" + t.name, t.shape, reg, nullptr,
                               [adam, off](int64_t begin, int64_t count, float* out) {

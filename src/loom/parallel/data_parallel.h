@@ -212,6 +212,9 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   const float* param_base() const {
     return sparse_params_.empty() ? params_.data() : sparse_params_.data();
   }
+  // zero.offload_master: whether t's fp32 values are only in the file (Gpt::only_bf16_read
+  // for the units this rank holds).
+  bool offloaded(const model::Tensor& t) const;
   // zero.offload_master: elements [lo, lo + n) of unit u's master weights (lo from the unit's
   // start) have become `v`: their bf16 copy and the fp32 values kept in memory follow.
   void master_changed(int u, size_t lo, size_t n, const float* v);
