@@ -104,6 +104,7 @@ def equivalence():
         T.train(d, n, *extra)
         compare(name, losses(d), base)
     if SANITIZED:  # the memory figures and logs below are the release pass's
+        master_offload()
         return
 
     # Offload: the first stage of GPipe holds all 4 microbatches; spilled (at most one write
@@ -201,14 +202,21 @@ def master_offload():
     """zero.offload_master: the fp32 master weights stream with Adam's moments and the blocks'
     weight matrices leave memory; the bf16 products read copies made from the master after each
     update. The same bits as the master in memory — losses and every checkpoint byte — on one
-    process and on pp 2 (the step beside the next), with this CPU's bf16 products and with the
-    widening path of CPUs without them (oneDNN held to AVX2); the model state drops by the
-    matrices' 4 bytes per element; a run resumes from its own checkpoint bit for bit."""
+    process, pp 2 (the step beside the next), pp 2 x dp 2 and tp 2, with this CPU's bf16
+    products and with the widening path of CPUs without them (oneDNN held to AVX2); the model
+    state drops by the matrices' 4 bytes per element (and by the embedding's on the head's
+    stage); a run resumes from its own checkpoint bit for bit."""
     bf16 = ["--set", "train.dtype=bf16", "--set", "zero.offload=disk", "--set", "ckpt.every=10"]
     master = ["--set", "zero.offload_master=true"]
     avx2 = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
-    for name, n, extra, env in [("one process", 1, [], None), ("pp=2 1f1b", 2, pp_set(2), None),
-                                ("one process, products widened (AVX2)", 1, [], avx2)]:
+    for name, n, extra, env in [
+            ("one process", 1, [], None), ("pp=2 1f1b", 2, pp_set(2), None),
+            ("one process, products widened (AVX2)", 1, [], avx2),
+            ("pp=2 x dp=2 zb-h1", 4, pp_set(2, "zb-h1"), None),
+            ("tp=2 sequence parallel", 2, ["--set", "train.tp=2", "--set",
+                                           "tp.sequence_parallel=true"], None)]:
+        if SANITIZED and name != "pp=2 1f1b":  # the thread and the head stage: time is short
+            continue
         ref, mine = (os.path.join(WORK, "eq_master_" + slug(name) + k) for k in ("_ref", ""))
         for d, more in ((ref, []), (mine, master)):
             shutil.rmtree(d, ignore_errors=True)
@@ -217,7 +225,7 @@ def master_offload():
         if ckpt_bytes(mine) != ckpt_bytes(ref):
             fail("master weights on disk, %s: the checkpoints differ from the master in memory's"
                  % name)
-        if n == 1 and env is None:
+        if name == "one process":
             # tiny: 2 blocks of 12 x 64^2 matrix elements, 4 bytes each, less the partial pages
             # at the 8 matrices' ends (at most 2 x 4 KiB each).
             drop = metrics(ref)[-1]["state_peak_mb"][0] - metrics(mine)[-1]["state_peak_mb"][0]
@@ -230,7 +238,7 @@ def master_offload():
             # Its own checkpoint resumes it bit for bit.
             T.resume_from(WORK, mine, "master weights on disk -> itself", 1, bf16 + master,
                           losses(mine), tol=0)
-        if n == 2:
+        if name == "pp=2 1f1b":
             # The last stage (final norm and head) holds the tied embedding only for the head's
             # product: its fp32 wte and wpe ((50304 + 64) x 64) leave memory too.
             drop = metrics(ref)[-1]["state_peak_mb"][1] - metrics(mine)[-1]["state_peak_mb"][1]
