@@ -29,6 +29,7 @@
 
 #include "loom/core/error.h"
 #include "loom/model/gpt.h"
+#include "loom/plan/calibrate.h"
 #include "loom/plan/planner.h"
 
 namespace loom::plan {
@@ -131,6 +132,43 @@ TEST(Plan, ZeroMemoryPerParameter) {
         "%+.1f%%), %.2f bytes per parameter\n",
         z, gb, published[z], 100 * (gb - published[z]) / published[z], gb * 1e9 / psi);
     EXPECT_LE(std::abs(gb - published[z]), 0.05) << "exact to the paper's 0.1 GB";
+  }
+}
+
+// train.dtype = bf16 on the CPU: the copies the products read (2 bytes per parameter of every
+// block and of the embedding on the stage that runs the head) and, with the master weights on
+// disk, the blocks' matrices without their fp32 bytes — counted as the model's own tensors
+// count them (Gpt::only_bf16_read), one stage holding every unit.
+TEST(Plan, CpuBf16CopiesAndMasterOffloadCountTheModelsTensors) {
+  for (const char* name : {"tiny", "small", "gpt2-124m"}) {
+    const model::GptConfig g = model::GptConfig::named(name);
+    model::Gpt gpt(g, false, model::TensorSplit{1, 0, false});
+    double all = 0, matrices = 0, final_norm = 0;
+    for (const model::Tensor& t : gpt.tensors()) {
+      all += static_cast<double>(t.size);
+      if (gpt.only_bf16_read(t)) matrices += static_cast<double>(t.size);
+      if (t.unit == g.n_layer + 1) final_norm += static_cast<double>(t.size);
+    }
+    ModelShape m;
+    m.layers = g.n_layer, m.hidden = g.n_embd, m.heads = g.n_head;
+    m.vocab = g.padded_vocab_size, m.max_seq = g.block_size, m.seq = 64;
+    Cluster c;
+    c.device = cpu_device(1);
+    CpuCosts k;
+    k.block_s = k.block_busy_s = 1e-3, k.ends_s = k.ends_busy_s = 2e-3;
+    k.adamw_params_per_s = 1e8, k.shm_alpha_us = 1, k.shm_gbps = 10;
+    auto state = [&](bool bf16, const char* offload) {
+      Layout l;
+      l.bf16 = bf16, l.offload = offload;
+      const Prediction p = predict(m, c, l, 1, &k);
+      return p.params + p.grads + p.optimizer;
+    };
+    const double fp32 = state(false, "optimizer"), bf16 = state(true, "optimizer"),
+                 master = state(true, "optimizer+master");
+    EXPECT_EQ(fp32, 8 * all) << name;
+    EXPECT_EQ(bf16 - fp32, 2 * (all - final_norm)) << name << ": the final norm has no copy";
+    EXPECT_EQ(bf16 - master, 4 * matrices) << name;
+    EXPECT_EQ(matrices, 12.0 * g.n_embd * g.n_embd * g.n_layer) << name;
   }
 }
 

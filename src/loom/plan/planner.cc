@@ -357,7 +357,14 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
     if (d.cpu) {  // fp32: 4 weights, 4 gradients, 8 Adam moments
       params = 4 * (l.zero == 3 ? shard : psi);
       grads = 4 * (l.zero >= 2 && P == 1 ? shard : psi);
-      opt = l.offload == "optimizer" ? 0 : 8 * (l.zero >= 1 ? shard : psi);
+      opt = l.offload != "none" ? 0 : 8 * (l.zero >= 1 ? shard : psi);
+      if (l.bf16 && l.zero < 3) {  // the copies the products read (model/gpt.h)
+        const double matrices = stage_layers[st] * 12 * m.hidden * m.hidden / t;
+        const double copied = stage_layers[st] * units[1] + (stage_head[st] ? units[0] : 0);
+        params += 2 * copied;
+        if (l.offload == "optimizer+master")  // their fp32 values live in the file
+          params -= 4 * (matrices + (stage_head[st] && !stage_embed[st] ? units[0] : 0));
+      }
       // ZeRO 2 and 3 without a pipeline: full gradients in backward (docs/algorithms.md): the
       // embedding's from the tied head (the first use) to the lookup (the last), and a
       // block's from its use until its reduce-scatter lands - the block being computed and
@@ -529,7 +536,8 @@ std::string layout_toml(const ModelShape& m, const Layout& l, int global_batch) 
       << "\n";
   if (l.tp > 1)
     o << "\n[tp]\nsequence_parallel = " << (l.sequence_parallel ? "true" : "false") << "\n";
-  if (l.offload == "optimizer") o << "\n[zero]\noffload = \"disk\"\n";
+  if (l.offload != "none") o << "\n[zero]\noffload = \"disk\"\n";
+  if (l.offload == "optimizer+master") o << "offload_master = true\n";
   return o.str();
 }
 

@@ -71,7 +71,12 @@ struct Layout {
   // kept. GPU predictions of published runs; loom's CPU path recomputes whole blocks, so
   // `loom plan` does not offer it. Ignored with `recompute`.
   bool recompute_attention = false;
-  std::string offload = "none";  // none, optimizer (zero.offload = disk)
+  // none, optimizer (zero.offload = disk), optimizer+master (and zero.offload_master: with
+  // bf16, the blocks' matrices and a head stage's embedding copy keep only bf16 copies)
+  std::string offload = "none";
+  // CPU: train.dtype = bf16, whose products read a bf16 copy of each block's weights and of
+  // the embedding where the head runs (2 bytes each, beside the fp32 weights; not ZeRO-3)
+  bool bf16 = false;
   bool selective_recompute() const { return recompute_attention && !recompute; }
   std::string describe() const;
 };

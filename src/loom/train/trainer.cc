@@ -1003,7 +1003,10 @@ void Trainer::plan_check() {
   l.schedule = cfg_.pp_schedule;
   l.recompute = recompute;
   l.sequence_parallel = cfg_.sequence_parallel && l.tp > 1;
-  l.offload = cfg_.zero_offload == "disk" ? "optimizer" : "none";
+  l.offload = cfg_.zero_offload != "disk" ? "none"
+              : cfg_.zero_offload_master  ? "optimizer+master"
+                                          : "optimizer";
+  l.bf16 = cfg_.dtype == "bf16";
   plan::Cluster c;
   c.per_node = world_;
   c.device = plan::cpu_device(world_);
