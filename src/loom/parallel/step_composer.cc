@@ -22,8 +22,10 @@ void StepComposer::check_replicas(const std::string& when, bool across_dp) {
         throw Error(what + " of " + when + " differ between ranks 0 and " + std::to_string(q) +
                     " of the " + group.config().name + " group (checksum mismatch)");
   };
-  if (const auto replica = dp_.replica_checksum(); across_dp && dp_group_ && replica)
-    compare(*dp_group_, *replica, "the data-parallel replicas");
+  // (Only where compared: with zero.offload_master the checksum reads the master from disk.)
+  if (across_dp && dp_group_)
+    if (const auto replica = dp_.replica_checksum())
+      compare(*dp_group_, *replica, "the data-parallel replicas");
   if (tp_)
     compare(*tp_, dp_.held_checksum([](const model::Tensor& t) { return t.replicated; }),
             "replicated tensors (LayerNorms, wpe, row-parallel biases)");
