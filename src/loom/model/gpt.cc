@@ -178,7 +178,7 @@ void Gpt::set_backend(std::unique_ptr<kernels::Backend> b) {
   backend_ = std::move(b);
   // Copies the model made were for the old backend's products; the owner's stay.
   for (size_t u = 0; u < unit16_.size(); ++u)
-    if (owned16_.empty() || !owned16_[u]) unit16_[u] = {}, unit16_from_[u] = nullptr;
+    if (owned16_.empty() || !owned16_[u]) unit16_[u] = Copy16(), unit16_from_[u] = nullptr;
 }
 
 uint16_t* Gpt::owner_bf16(int u) {

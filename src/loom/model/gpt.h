@@ -381,7 +381,8 @@ class Gpt {
   std::vector<char> owned16_;  // per unit: its copy is the owner's (owner_bf16)
   // Per unit: its bf16 copy and the fp32 buffer it was made from (a copy is read only
   // while the unit is still bound to that buffer).
-  std::vector<std::vector<uint16_t, StateAllocator<uint16_t>>> unit16_;
+  using Copy16 = std::vector<uint16_t, StateAllocator<uint16_t>>;
+  std::vector<Copy16> unit16_;
   std::vector<const float*> unit16_from_;
 
   Activations acts_;          // forward() / backward()'s
