@@ -28,7 +28,6 @@ class SparseFloats {
   float* data() const { return data_; }
   size_t size() const { return n_; }
   bool empty() const { return n_ == 0; }
-  size_t resident_bytes() const { return resident_; }
   // The parts of [lo, hi) that are memory, in order.
   std::vector<Range> resident(size_t lo, size_t hi) const;
 

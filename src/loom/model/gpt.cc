@@ -178,11 +178,15 @@ void Gpt::set_backend(std::unique_ptr<kernels::Backend> b) {
   backend_ = std::move(b);
   // Copies the model made were for the old backend's products; the owner's stay.
   for (size_t u = 0; u < unit16_.size(); ++u)
-    if (owned16_.empty() || !owned16_[u]) unit16_[u] = Copy16(), unit16_from_[u] = nullptr;
+    if (!bf16_owned(static_cast<int>(u))) unit16_[u] = Copy16(), unit16_from_[u] = nullptr;
+}
+
+void Gpt::make_copy_slots() {
+  if (unit16_.empty()) unit16_.resize(units_.size()), unit16_from_.assign(units_.size(), nullptr);
 }
 
 uint16_t* Gpt::owner_bf16(int u) {
-  if (unit16_.empty()) unit16_.resize(units_.size()), unit16_from_.assign(units_.size(), nullptr);
+  make_copy_slots();
   if (owned16_.empty()) owned16_.assign(units_.size(), 0);
   const auto [begin, end] = units_[u];
   if (!owned16_[u]) unit16_[u].assign(end - begin, 0), owned16_[u] = 1;
@@ -199,9 +203,9 @@ bool Gpt::only_bf16_read(const Tensor& t, bool lookup) const {
 }
 
 void Gpt::round_unit(int u) {
-  if (!owned16_.empty() && owned16_[u]) return;  // the owner's copy is current
+  if (bf16_owned(u)) return;  // the owner's copy is current
   if (!bf16_copies_ || !backend_->reads_bf16() || !unit_params_[u]) return;
-  if (unit16_.empty()) unit16_.resize(units_.size()), unit16_from_.assign(units_.size(), nullptr);
+  make_copy_slots();
   const auto [begin, end] = units_[u];
   unit16_[u].resize(end - begin);
   backend_->round_to_bf16(unit16_[u].data(), unit_params_[u], static_cast<int64_t>(end - begin));
@@ -209,7 +213,7 @@ void Gpt::round_unit(int u) {
 }
 
 const uint16_t* Gpt::p16(int unit, size_t offset) const {
-  if (!owned16_.empty() && owned16_[unit]) return unit16_[unit].data() + offset;
+  if (bf16_owned(unit)) return unit16_[unit].data() + offset;
   if (unit16_.empty() || !unit16_from_[unit] || unit16_from_[unit] != unit_params_[unit] ||
       !backend_->reads_bf16())
     return nullptr;

@@ -222,6 +222,8 @@ class Gpt {
   // numbers). So the fp32 values of the unit's tensors read only through their copies
   // (only_bf16_read) need not be in memory. Other units keep the model's own copies.
   uint16_t* owner_bf16(int u);
+  // Whether owner_bf16(u) was called: the owner keeps unit u's copy.
+  bool bf16_owned(int u) const { return !owned16_.empty() && owned16_[u]; }
   // Whether products are the only readers of tensor t, through its bf16 copy, under bf16
   // precision: the blocks' four weight matrices (LayerNorm and biases read fp32 values), and
   // the embedding's tensors where this rank does not run the lookup (`lookup` false: a last
@@ -314,6 +316,7 @@ class Gpt {
   Weight weight(int unit, size_t offset) const { return {p(unit, offset), p16(unit, offset)}; }
   const uint16_t* p16(int unit, size_t offset) const;
   void round_unit(int u);  // makes unit u's bf16 copy (when bf16 copies are on)
+  void make_copy_slots();  // unit16_ and unit16_from_ sized to the units (empty copies)
   // A linear's backward: whole, or the input gradient with dout kept for the weights; the
   // input gradient added to dinp, or written over it (assign).
   void linear_backward(BackwardPart part, float* dinp, float* dw, float* db, const float* dout,

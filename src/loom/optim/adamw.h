@@ -34,7 +34,6 @@ class AdamW {
   // from each updated chunk (step_all's `fresh`), not what the update reads.
   AdamW(const std::vector<DecaySpan>& spans, size_t begin, size_t end, MomentFile* file = nullptr,
         bool master = false);
-  bool master_in_file() const { return master_; }
   // The kernels the update runs on (the model's backend; it must outlive this); without one,
   // the CPU kernel.
   void set_backend(kernels::Backend* b) { backend_ = b; }

@@ -111,11 +111,9 @@ DataParallel::DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOpt
   model_.set_bf16_weight_copies(!policy_->params_sharded());
   // zero.offload_master: this engine keeps the bf16 copies of the units with tensors whose
   // fp32 values leave memory (made before a step's thread writes into them).
-  owns_bf16_.assign(nu, 0);
   if (opt_.offload_master)
     for (const model::Tensor& t : model_.tensors())
-      if (units_[t.unit].n() > 0 && offloaded(t) && !owns_bf16_[t.unit])
-        model_.owner_bf16(t.unit), owns_bf16_[t.unit] = 1;
+      if (units_[t.unit].n() > 0 && offloaded(t)) model_.owner_bf16(t.unit);
 }
 
 DataParallel::~DataParallel() {
@@ -178,7 +176,7 @@ bool DataParallel::offloaded(const model::Tensor& t) const {
 
 void DataParallel::master_changed(int u, size_t lo, size_t n, const float* v) {
   const Unit& x = units_[u];
-  if (owns_bf16_[u])
+  if (model_.bf16_owned(u))
     model_.backend().round_to_bf16(model_.owner_bf16(u) + lo, v, static_cast<int64_t>(n));
   for (const auto& [a, b] : sparse_params_.resident(x.full_off + lo, x.full_off + lo + n))
     std::copy(v + (a - x.full_off - lo), v + (b - x.full_off - lo), param_base() + a);
@@ -186,10 +184,7 @@ void DataParallel::master_changed(int u, size_t lo, size_t n, const float* v) {
 
 void DataParallel::read_master(int u, size_t lo, size_t n, float* out) const {
   const Unit& x = units_[u];
-  if (opt_.offload_master)
-    x.adam->read(optim::AdamW::kMaster, x.begin + lo - x.adam->begin(), n, out);
-  else
-    std::copy(param_base() + x.full_off + lo, param_base() + x.full_off + lo + n, out);
+  x.adam->read(optim::AdamW::kMaster, x.begin + lo - x.adam->begin(), n, out);
 }
 
 template <typename Fn>

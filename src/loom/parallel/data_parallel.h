@@ -218,7 +218,7 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   // zero.offload_master: elements [lo, lo + n) of unit u's master weights (lo from the unit's
   // start) have become `v`: their bf16 copy and the fp32 values kept in memory follow.
   void master_changed(int u, size_t lo, size_t n, const float* v);
-  // Unit u's master weights [lo, lo + n) from wherever they live.
+  // zero.offload_master: unit u's master weights [lo, lo + n), from the file.
   void read_master(int u, size_t lo, size_t n, float* out) const;
   // Runs fn(lo, n) over unit u in pieces of at most the moments' file's chunk.
   template <typename Fn>
@@ -268,8 +268,7 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   // zero.offload_master: params_ is empty and the parameters are here, the weight matrices'
   // pages left out (their master is in the file, their bf16 copy in the model).
   SparseFloats sparse_params_;
-  std::vector<char> owns_bf16_;  // per unit: its bf16 copy is kept here (Gpt::owner_bf16)
-  bool shared_gather_ = false;   // gathers into machine buffers (zero.shared_gather)
+  bool shared_gather_ = false;  // gathers into machine buffers (zero.shared_gather)
   std::multimap<size_t, comm::MachineBuffer> machine_pool_;  // free machine buffers by size
   std::multimap<size_t, StateVector> pool_;
   StateSource* source_ = nullptr;  // where params_, grads_ and pooled buffers live
