@@ -115,15 +115,15 @@ const float* KvDecoder::step(const std::vector<int>& seqs, const int* tokens) {
 }
 
 // A linear on R rows: on few rows (decoding) from the weight's bf16 copy when there is one,
-// else from its fp32 weights by the few-row kernel when several rows share each read of them
-// (one row: oneDNN's product already reads the weights at the machine's bandwidth), else
-// (a prompt) through oneDNN.
+// else from its fp32 weights by the few-row kernel, else (a prompt) through oneDNN. One row
+// goes to the few-row kernel too: on Zen 5 it decoded `gpt2-124m` at 74-87 tokens/s against
+// oneDNN's 43-47 (same greedy text; docs/perf.md, generation at batch 1).
 void KvDecoder::linear(float* out, const float* inp, const float* w, const float* b, int R, int C,
                        int OC) {
   const auto h = R <= kFewRows ? bf16_.find(w) : bf16_.end();
   if (h != bf16_.end())
     backend_->matmul_forward_rows_bf16(out, inp, h->second.data(), b, R, C, OC);
-  else if (R >= 2 && R <= kFewRows)
+  else if (R <= kFewRows)
     backend_->matmul_forward_rows(out, inp, w, b, R, C, OC);
   else
     backend_->matmul_forward(out, inp, w, b, R, C, OC);

@@ -5,10 +5,11 @@
 //   registers; products and sums fp32. With one row per sequence the product is a
 //   matrix-vector product bound by the bytes of the weights, so half the bytes is about
 //   twice the speed.
-// - fp32 weights, 2 to 16 rows: each 8-float piece of a weight row is loaded once for up to
+// - fp32 weights, 1 to 16 rows: each 8-float piece of a weight row is loaded once for up to
 //   8 rows. oneDNN's product at M = 8 reached neither the machine's bandwidth nor its FLOPs
-//   (docs/perf.md, generation at batch 8); at M = 1 it reads the weights at ~93% of the
-//   bandwidth, so one row stays on it.
+//   (docs/perf.md, generation at batch 8); at M = 1 it read the weights at ~93% of the
+//   bandwidth on Zen 3, but at about half this kernel's speed on Zen 5, so one row comes
+//   here too.
 #include <algorithm>
 #include <bit>
 #include <cstdint>
