@@ -37,7 +37,8 @@ def main():
         for which in ("loom_a", "loom_b"):
             a.loom = getattr(a, which)
             for schedule in ("1f1b", "zb-h1"):
-                runs.setdefault((which, schedule), []).append(pipeline(a, a.pp, schedule, 1, *extra))
+                runs.setdefault((which, schedule), []).append(
+                    pipeline(a, a.pp, schedule, 1, *extra))
     print("%s, pp %d%s, %d microbatches of 2 x %d tokens, 1 thread per rank, %d rounds\n" % (
         a.model, a.pp, " with pp.head_split" if a.head_split else "", a.microbatches,
         seq_len(a), a.rounds))

@@ -211,7 +211,7 @@ TEST(StreamingCopies, SweepWithEveryMessageStreamed) {
     const uint64_t before = comm::bytes_streamed();
     std::vector<size_t> counts{0, 1, 7, 1031, static_cast<size_t>(n) * 13 + 3};
     std::vector<size_t> heap_counts = counts;
-    // several ring chunks per message; under ASan, past 3 ranks, messages just past 64 KiB
+    // several ring chunks per message; under ASan, on 3 ranks and more, just past 64 KiB
     heap_counts.push_back(!kAsan || n == 2 ? 70001 : 17001);
     run_ranks(n, layout, name, [&](Communicator& c) {
       int wrong = sweep(c, heap_counts, name, [](const std::string& m) { ADD_FAILURE() << m; });

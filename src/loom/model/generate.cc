@@ -120,13 +120,15 @@ const float* KvDecoder::step(const std::vector<int>& seqs, const int* tokens) {
 // oneDNN's 43-47 (same greedy text; docs/perf.md, generation at batch 1).
 void KvDecoder::linear(float* out, const float* inp, const float* w, const float* b, int R, int C,
                        int OC) {
-  const auto h = R <= kFewRows ? bf16_.find(w) : bf16_.end();
+  if (R > kFewRows) {
+    backend_->matmul_forward(out, inp, w, b, R, C, OC);
+    return;
+  }
+  const auto h = bf16_.find(w);
   if (h != bf16_.end())
     backend_->matmul_forward_rows_bf16(out, inp, h->second.data(), b, R, C, OC);
-  else if (R <= kFewRows)
-    backend_->matmul_forward_rows(out, inp, w, b, R, C, OC);
   else
-    backend_->matmul_forward(out, inp, w, b, R, C, OC);
+    backend_->matmul_forward_rows(out, inp, w, b, R, C, OC);
 }
 
 const float* KvDecoder::forward(int R, const int* seq, const int* pos, const int* tok,
