@@ -13,6 +13,13 @@ DATA_DIR is a `loom prep` folder (the checkpoint is a 1-step run of the model on
 speed does not depend on the weights). Rounds interleave loom (fp32, bf16 weights) and PyTorch
 (1 thread and all cores: on 2 cores its 1-thread decoding was the faster); medians. The
 PyTorch model reads the checkpoint's tensors, so its greedy tokens are compared with loom's.
+
+Decoding is bound by the bytes it reads per token: the weights (all but the position table;
+bf16 copies of the matrices for --dtype bf16) once per step for the batch, and each sequence's
+keys and values (2 x layers x channels x 4 bytes a cached position, at the mean length while
+decoding). Each round runs `loom bench --probe`; the table puts each generator's GB/s read
+beside the probe's read bandwidth (its fastest repetition, the median over the rounds; 1 thread
+for 1-thread PyTorch, all cores otherwise).
 Prints a markdown table for docs/perf.md.
 """
 import argparse
@@ -139,7 +146,8 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--no-cache-new", type=int, default=16,
-                    help="new tokens for loom --no-cache (each re-runs the whole window)")
+                    help="new tokens for loom --no-cache (each re-runs the whole window); "
+                         "0 leaves that row out")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=1, help="sequences generated at once")
     a = ap.parse_args()
@@ -175,7 +183,11 @@ def main():
         cores = os.cpu_count()
         names = ["loom fp32", "loom bf16"] + ["pytorch %d" % t for t in sorted({1, cores})]
         rows = {k: [] for k in names}
+        probes = []
         for r in range(a.rounds):
+            probes.append(json.loads(subprocess.run([a.loom, "bench", "--probe"],
+                                                    capture_output=True, text=True,
+                                                    check=True).stdout))
             for name in names:
                 if name.startswith("loom"):
                     out, first, stepped, gen = loom_sample(a.loom, step_dir, prompts, a.new,
@@ -189,8 +201,9 @@ def main():
                     rows[name].append((pre, a.batch * (a.new - 1) / dec))
             print("round %d: %s" % (r, ", ".join("%s %.1f tok/s" % (k, v[-1][1])
                                                  for k, v in rows.items())), file=sys.stderr)
-        _, nc_first, nc_stepped, nc_gen = loom_sample(a.loom, step_dir, prompts[:1],
-                                                      a.no_cache_new, False)
+        if a.no_cache_new > 0:
+            _, nc_first, nc_stepped, nc_gen = loom_sample(a.loom, step_dir, prompts[:1],
+                                                          a.no_cache_new, False)
         same = loom_text == "----\n".join(p + decode(a.loom, t) + "\n"
                                           for p, t in zip(prompts, toks))
     med = {k: (statistics.median(x for x, _ in v), statistics.median(y for _, y in v))
@@ -202,15 +215,34 @@ def main():
           "medians of %d rounds" % (a.model, a.batch, len(ids), a.new, os.cpu_count(), cpu,
                                     a.rounds))
     print()
-    print("| generator | prompt -> first token (s) | new tokens/s | vs best PyTorch |")
-    print("|---|---:|---:|---:|")
+    # Bytes read per new token (see the docstring).
+    is_matrix = lambda k: k == "wte" or k.endswith(("qkvw", "attprojw", "fcw", "fcprojw"))
+    matrices = sum(v.size for k, v in params.items() if is_matrix(k))
+    vectors = sum(v.size for k, v in params.items() if not is_matrix(k) and k != "wpe")
+    cached = 2 * cfg["n_layer"] * cfg["n_embd"] * 4 * (len(ids) + a.new / 2)
+    per_token = {w: (matrices * w + vectors * 4) / a.batch + cached for w in (4, 2)}
+    read1 = statistics.median(p["read_gbps"] for p in probes)
+    read_all = statistics.median(p["read_gbps_all_cores"] for p in probes)
+    print("Bytes read per new token: %.0f MB in fp32, %.0f MB with bf16 matrices (%.0f MB of "
+          "them the keys and values); `loom bench --probe` read bandwidth, medians of the "
+          "rounds: %.1f GB/s on 1 thread, %.1f GB/s on %d" %
+          (per_token[4] / 1e6, per_token[2] / 1e6, cached / 1e6, read1, read_all, cores))
+    print()
+    print("| generator | prompt -> first token (s) | new tokens/s | vs best PyTorch "
+          "| GB/s read (% of the probe's) |")
+    print("|---|---:|---:|---:|---:|")
     label = {"loom fp32": "loom sample, key/value cache, fp32",
              "loom bf16": "loom sample, key/value cache, --dtype bf16 (bf16 weight copies)"}
     for k in names:
         name = label.get(k) or "PyTorch 1.13, key/value cache, fp32, %s thread(s)" % k.split()[1]
-        print("| %s | %.3f | %.1f | %.2fx |" % (name, med[k][0], med[k][1], med[k][1] / best[0]))
-    print("| loom sample --no-cache, fp32, one prompt (%d new tokens) | %.3f | %.2f | %.3fx |" %
-          (a.no_cache_new, nc_first, nc_stepped / nc_gen, nc_stepped / nc_gen / best[0]))
+        gbps = med[k][1] * per_token[2 if k == "loom bf16" else 4] / 1e9
+        limit = read1 if k == "pytorch 1" else read_all
+        print("| %s | %.3f | %.1f | %.2fx | %.1f (%.0f%%) |" %
+              (name, med[k][0], med[k][1], med[k][1] / best[0], gbps, 100 * gbps / limit))
+    if a.no_cache_new > 0:
+        print("| loom sample --no-cache, fp32, one prompt (%d new tokens) | %.3f | %.2f | %.3fx "
+              "| |" % (a.no_cache_new, nc_first, nc_stepped / nc_gen,
+                      nc_stepped / nc_gen / best[0]))
     print()
     print("greedy text of loom (fp32) and PyTorch: %s" % ("identical" if same else "DIFFERENT"))
 

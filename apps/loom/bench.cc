@@ -543,7 +543,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->default_str("-");
   b->add_flag("--tunables", args->tunables, "list every LOOM_* tunable and exit");
   b->add_flag("--probe", args->probe,
-              "print the machine probes (memcpy GB/s, core-to-core flag latency) as JSON and exit");
+              "print the machine probes (memcpy and read GB/s, core-to-core flag latency) as JSON "
+              "and exit");
   b->add_option("--calibrate", args->calibrate,
                 "time every valid algorithm per op and size; write the winners to FILE, a "
                 "tuning table for LOOM_TUNING_FILE (other topologies in FILE are kept)");
@@ -561,8 +562,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
     if (args->probe) {
       const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
       std::printf(
-          "{\"memcpy_gbps\":%.2f,\"memcpy_gbps_all_cores\":%.2f,\"flag_latency_ns\":%.1f}\n",
-          memcpy_gbps(256 << 20), memcpy_gbps_together(256 << 20, cores), flag_latency_ns());
+          "{\"memcpy_gbps\":%.2f,\"memcpy_gbps_all_cores\":%.2f,\"read_gbps\":%.2f,"
+          "\"read_gbps_all_cores\":%.2f,\"flag_latency_ns\":%.1f}\n",
+          memcpy_gbps(256 << 20), memcpy_gbps_together(256 << 20, cores),
+          read_gbps_together(256 << 20, 1), read_gbps_together(256 << 20, cores),
+          flag_latency_ns());
       return 0;
     }
     if (b->count("--json") && args->json.empty()) args->json = "-";

@@ -14,6 +14,11 @@ double memcpy_gbps(size_t bytes, int reps = 5);
 // (what ranks that all copy during a collective share).
 double memcpy_gbps_together(size_t bytes, int threads, int reps = 5);
 
+// Bytes read per second by `threads` threads at once, each reading its own `bytes`, GB/s in
+// all, the fastest of `reps`: the bound of a pass that only reads, such as a matrix-vector
+// product's weights.
+double read_gbps_together(size_t bytes, int threads, int reps = 5);
+
 // Each of `ranks` local ranks' share of the copy bandwidth when they all copy at once:
 // memcpy_gbps_together with min(ranks, cores) threads, divided by `ranks`.
 double memcpy_share_gbps(size_t bytes, int ranks, int reps = 5);

@@ -202,22 +202,39 @@ TEST(Kernels, AssigningBackwardsEqualAccumulatingIntoZeros) {
   }
 }
 
-// The few-row product with bf16 weights: exactly the weights' bf16 values times fp32
-// inputs, summed in fp32 (C = 100: the 32-lane loop and its tail), plus the bias.
-TEST(Kernels, FewRowMatmulWithBf16Weights) {
-  const int C = 100, OC = 70;
-  for (int R : {1, 3, 16}) {
-    auto x = randn(R * C, 40), w = randn(OC * C, 41), b = randn(OC, 42);
-    std::vector<uint16_t> h(w.size());
-    for (size_t i = 0; i < w.size(); ++i) h[i] = f32_to_bf16(w[i]);
-    std::vector<float> out(R * OC);
-    matmul_forward_rows_bf16(out.data(), x.data(), h.data(), b.data(), R, C, OC);
-    for (int r = 0; r < R; ++r)
-      for (int o = 0; o < OC; ++o) {
-        double s = b[o];
-        for (int c = 0; c < C; ++c)
-          s += static_cast<double>(x[r * C + c]) * bf16_to_f32(h[o * C + c]);
-        EXPECT_NEAR(out[r * OC + o], s, 1e-5 * (1 + std::fabs(s))) << R << " " << r << " " << o;
+// The few-row products: exactly the weights' values (fp32, or bf16 widened) times fp32 inputs,
+// summed in fp32, plus the bias. C = 100: the unrolled loop, single pieces and a scalar tail;
+// OC = 71: the last block of 64 columns has an odd count (pairs of weight rows, then one);
+// rows 1 to 3 (several sums per row), 5 and 8 (pairs of weight rows), 11 (a group of 8, then 3).
+// Every instruction set the kernels are built for that this CPU has.
+TEST(Kernels, FewRowMatmul) {
+  const int C = 100, OC = 71;
+  for (RowsIsa isa : {RowsIsa::kAvx512, RowsIsa::kAvx2, RowsIsa::kBaseline, RowsIsa::kAuto}) {
+    if (!rows_isa_available(isa)) {
+      std::printf("few-row products: instruction set %d not on this CPU, not run\n",
+                  static_cast<int>(isa));
+      continue;
+    }
+    for (int R : {1, 2, 3, 5, 8, 11})
+      for (bool bf16 : {false, true}) {
+        auto x = randn(R * C, 40), w = randn(OC * C, 41), b = randn(OC, 42);
+        std::vector<uint16_t> h(w.size());
+        for (size_t i = 0; i < w.size(); ++i) h[i] = f32_to_bf16(w[i]);
+        if (bf16)
+          for (size_t i = 0; i < w.size(); ++i) w[i] = bf16_to_f32(h[i]);
+        std::vector<float> out(R * OC);
+        if (bf16)
+          matmul_forward_rows_bf16(out.data(), x.data(), h.data(), b.data(), R, C, OC, isa);
+        else
+          matmul_forward_rows(out.data(), x.data(), w.data(), b.data(), R, C, OC, isa);
+        for (int r = 0; r < R; ++r)
+          for (int o = 0; o < OC; ++o) {
+            double s = b[o];
+            for (int c = 0; c < C; ++c) s += static_cast<double>(x[r * C + c]) * w[o * C + c];
+            EXPECT_NEAR(out[r * OC + o], s, 1e-5 * (1 + std::fabs(s)))
+                << "isa " << static_cast<int>(isa) << (bf16 ? " bf16 " : " fp32 ") << R
+                << " rows, row " << r << ", column " << o;
+          }
       }
   }
 }

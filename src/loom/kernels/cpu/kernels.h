@@ -76,15 +76,20 @@ void matmul_backward_input(Gemm& gemm, float* dinp, const float* dout, const flo
 void matmul_backward_weight(Gemm& gemm, float* dweight, float* dbias, const float* dout,
                             const float* inp, int N, int C, int OC,
                             const uint16_t* dout16 = nullptr);
+// The instruction sets the few-row products below are built for: kAuto takes the best the CPU
+// has; tests name each one the CPU has (rows_isa_available), so every build is checked.
+enum class RowsIsa { kAuto, kAvx512, kAvx2, kBaseline };
+bool rows_isa_available(RowsIsa isa);
 // The forward on a few rows (R up to ~16; generation) with fp32 weights: each weight piece
 // loaded once for up to 8 rows (decoding a batch of sequences; oneDNN's products at M = 8 ran
 // at ~1/3 of the bytes and FLOPs this machine allows).
 void matmul_forward_rows(float* out, const float* inp, const float* weight, const float* bias,
-                         int R, int C, int OC);
+                         int R, int C, int OC, RowsIsa isa = RowsIsa::kAuto);
 // The forward on a few rows (R up to ~16; generation) with bf16 weights (raw bits, widened
 // in registers; half the bytes of fp32 to read), fp32 products and sums.
 void matmul_forward_rows_bf16(float* out, const float* inp, const uint16_t* weight,
-                              const float* bias, int R, int C, int OC);
+                              const float* bias, int R, int C, int OC,
+                              RowsIsa isa = RowsIsa::kAuto);
 // out (N,OC) += bias (OC) on every row (a row-parallel linear's bias, after its reduction).
 void bias_forward(float* out, const float* bias, int N, int OC);
 
