@@ -28,7 +28,7 @@ using Vec8u = uint32_t __attribute__((vector_size(32)));
 using Vec8h = uint16_t __attribute__((vector_size(16)));
 
 // (Out parameters, not return values: a vector returned without AVX enabled changes the ABI
-// of the default clone.)
+// of the baseline build.)
 [[gnu::always_inline]] inline void load8(Vec8& v, const float* p) {
   std::memcpy(&v, p, sizeof v);
 }
