@@ -204,8 +204,9 @@ TEST(Kernels, AssigningBackwardsEqualAccumulatingIntoZeros) {
 
 // The few-row products: exactly the weights' values (fp32, or bf16 widened) times fp32 inputs,
 // summed in fp32, plus the bias. C = 100: the unrolled loop, single pieces and a scalar tail;
-// OC = 71: the last block of 64 columns has an odd count (pairs of weight rows, then one);
-// rows 1 to 3 (several sums per row), 5 and 8 (pairs of weight rows), 11 (a group of 8, then 3).
+// OC = 71: the last block of 64 columns is 7 wide (past the weight rows taken at once, 8 or 2,
+// columns one at a time); rows 1 to 3 (several sums per row), 5 and 8 (several weight rows at
+// once), 11 (a group of 8, then 3).
 // Every instruction set the kernels are built for that this CPU has.
 TEST(Kernels, FewRowMatmul) {
   const int C = 100, OC = 71;

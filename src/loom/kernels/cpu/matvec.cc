@@ -124,27 +124,15 @@ void block_base(float* out, const float* inp, const void* w, const float* bias, 
   rows_block<R, (R >= 4 ? 2 : 1)>(out, inp, static_cast<const W*>(w), bias, C, OC, o_begin, o_end);
 }
 
-bool has(RowsIsa isa) {
-  switch (isa) {
-    case RowsIsa::kAvx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("fma");
-    case RowsIsa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    default:
-      return true;
-  }
-}
-
 template <int R, typename W>
 Block block_for(RowsIsa isa) {
   if (isa == RowsIsa::kAuto) {
-    static const RowsIsa best = has(RowsIsa::kAvx512) ? RowsIsa::kAvx512
-                                : has(RowsIsa::kAvx2) ? RowsIsa::kAvx2
-                                                      : RowsIsa::kBaseline;
+    static const RowsIsa best = rows_isa_available(RowsIsa::kAvx512) ? RowsIsa::kAvx512
+                                : rows_isa_available(RowsIsa::kAvx2) ? RowsIsa::kAvx2
+                                                                     : RowsIsa::kBaseline;
     isa = best;
   }
-  LOOM_CHECK(has(isa));
+  LOOM_CHECK(rows_isa_available(isa));
   return isa == RowsIsa::kAvx512 ? block_avx512<R, W>
          : isa == RowsIsa::kAvx2 ? block_avx2<R, W>
                                  : block_base<R, W>;
@@ -178,7 +166,15 @@ void grouped(float* out, const float* inp, const W* weight, const float* bias, i
 }  // namespace
 
 bool rows_isa_available(RowsIsa isa) {
-  return has(isa);
+  switch (isa) {
+    case RowsIsa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("fma");
+    case RowsIsa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    default:
+      return true;
+  }
 }
 
 void matmul_forward_rows(float* out, const float* inp, const float* weight, const float* bias,
