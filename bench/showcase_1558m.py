@@ -22,8 +22,9 @@ import threading
 import time
 
 
-def rss_of_tree(root):
-    """Resident bytes of root and every process below it."""
+def rss_of_tree(root, hwm):
+    """Resident bytes of root and every process below it; each one's own high-water mark
+    (VmHWM) into hwm[pid]."""
     total, todo = 0, [root]
     while todo:
         pid = todo.pop()
@@ -32,6 +33,8 @@ def rss_of_tree(root):
                 for line in f:
                     if line.startswith("VmRSS:"):
                         total += int(line.split()[1]) * 1024
+                    elif line.startswith("VmHWM:"):
+                        hwm[pid] = int(line.split()[1]) * 1024
             for task in os.listdir("/proc/%d/task" % pid):
                 with open("/proc/%d/task/%s/children" % (pid, task)) as f:
                     todo += [int(x) for x in f.read().split()]
@@ -63,12 +66,12 @@ def main():
         cmd += ["--set", kv]
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak = [0]
+    peak, hwm = [0], {}
 
-    def sample():
+    def sample():  # every 0.1 s: a transient shorter than that may fall between two samples
         while proc.poll() is None:
-            peak[0] = max(peak[0], rss_of_tree(proc.pid))
-            time.sleep(0.5)
+            peak[0] = max(peak[0], rss_of_tree(proc.pid, hwm))
+            time.sleep(0.1)
 
     sampler = threading.Thread(target=sample)
     sampler.start()
@@ -96,9 +99,12 @@ def main():
             "%.1f" % (max(m["optim_wait_ms"]) / 1e3) if "optim_wait_ms" in m else "-",
             sum(m.get("zero_offload_mb", [0])) / 1024, sum(m.get("offload_mb", [0])) / 1024))
     last = steps[-1]
-    print("\njob: %.0f s in all; peak RSS of the job %.2f GiB (sum over its processes); per-rank"
-          " peak RSS %s GiB; model state per rank %s GiB" % (
-              took, peak[0] / 2**30, " / ".join("%.2f" % (x / 1024) for x in last["rss_peak_mb"]),
+    print("\njob: %.0f s in all; peak RSS of the job %.2f GiB (sum over its processes at one "
+          "moment, sampled every 0.1 s); the processes' own peaks (VmHWM) add up to %.2f GiB (an "
+          "upper bound: not all at one moment); per-rank peak RSS %s GiB; model state per rank "
+          "%s GiB" % (
+              took, peak[0] / 2**30, sum(hwm.values()) / 2**30,
+              " / ".join("%.2f" % (x / 1024) for x in last["rss_peak_mb"]),
               " / ".join("%.2f" % (x / 1024) for x in last["state_peak_mb"])))
     if a.reference:
         ref_dir = a.run_dir + "-one-process"

@@ -204,8 +204,9 @@ def master_offload():
     update. The same bits as the master in memory — losses and every checkpoint byte — on one
     process, pp 2 (the step beside the next), pp 2 x dp 2 and tp 2, with this CPU's bf16
     products and with the widening path of CPUs without them (oneDNN held to AVX2); the model
-    state drops by the matrices' 4 bytes per element (and by the embedding's on the head's
-    stage); a run resumes from its own checkpoint bit for bit."""
+    state drops by the matrices' 4 bytes per element and by wte's (the lookup reads its rows
+    from the file; on the head's stage the embedding's copy); a run resumes from its own
+    checkpoint bit for bit."""
     bf16 = ["--set", "train.dtype=bf16", "--set", "zero.offload=disk", "--set", "ckpt.every=10"]
     master = ["--set", "zero.offload_master=true"]
     avx2 = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
@@ -225,29 +226,33 @@ def master_offload():
         if ckpt_bytes(mine) != ckpt_bytes(ref):
             fail("master weights on disk, %s: the checkpoints differ from the master in memory's"
                  % name)
+        # tiny: 2 blocks of 12 x 64^2 matrix elements, wte's 50304 x 64 and wpe's 64 x 64,
+        # 4 bytes each; the bound allows the partial pages at each tensor's two ends.
+        matrices, wte, wpe = 2 * 12 * 64 * 64, 50304 * 64, 64 * 64
+
+        def state_drop(rank, elements, tensors, what):
+            drop = (metrics(ref)[-1]["state_peak_mb"][rank] -
+                    metrics(mine)[-1]["state_peak_mb"][rank])
+            full = elements * 4 / 2**20
+            if not full - tensors * 8 / 1024 <= drop <= full + 1e-3:
+                fail("master weights on disk, %s: rank %d should free %s, %.3f MiB of model "
+                     "state; freed %.3f" % (name, rank, what, full, drop))
+            print("ok  master weights on disk, %s: rank %d's model state %.3f MiB lower (%s: "
+                  "%.3f)" % (name, rank, drop, what, full))
+
         if name == "one process":
-            # tiny: 2 blocks of 12 x 64^2 matrix elements, 4 bytes each, less the partial pages
-            # at the 8 matrices' ends (at most 2 x 4 KiB each).
-            drop = metrics(ref)[-1]["state_peak_mb"][0] - metrics(mine)[-1]["state_peak_mb"][0]
-            full = 2 * 12 * 64 * 64 * 4 / 2**20
-            if not full - 8 * 8 / 1024 <= drop <= full + 1e-3:
-                fail("master weights on disk should free the matrices' %.3f MiB of model state; "
-                     "freed %.3f" % (full, drop))
-            print("ok  master weights on disk: model state %.3f MiB lower (the matrices: %.3f)"
-                  % (drop, full))
+            # The lookup reads its rows from the file: wte leaves memory with the matrices.
+            state_drop(0, matrices + wte, 9, "the matrices and wte")
             # Its own checkpoint resumes it bit for bit.
             T.resume_from(WORK, mine, "master weights on disk -> itself", 1, bf16 + master,
                           losses(mine), tol=0)
         if name == "pp=2 1f1b":
             # The last stage (final norm and head) holds the tied embedding only for the head's
-            # product: its fp32 wte and wpe ((50304 + 64) x 64) leave memory too.
-            drop = metrics(ref)[-1]["state_peak_mb"][1] - metrics(mine)[-1]["state_peak_mb"][1]
-            full = (50304 + 64) * 64 * 4 / 2**20
-            if not full - 2 * 8 / 1024 <= drop <= full + 1e-3:
-                fail("master weights on disk: the head's stage should free the embedding's "
-                     "%.3f MiB; freed %.3f" % (full, drop))
-            print("ok  master weights on disk: the head's stage %.2f MiB lower (its embedding "
-                  "copy: %.2f)" % (drop, full))
+            # product: its fp32 wte and wpe leave memory too. The first stage (the embedding
+            # and both blocks: the head outweighs them) looks its tokens up from the master in
+            # the file: its wte leaves memory with the matrices.
+            state_drop(1, wte + wpe, 2, "the head's embedding copy")
+            state_drop(0, matrices + wte, 9, "the matrices and wte")
 
 
 def offload_out_of_room():

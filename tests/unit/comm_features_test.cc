@@ -59,6 +59,31 @@ TEST_P(Features, ManyAsyncOpsInFlightOnParentAndSplits) {
   });
 }
 
+// A split with small shared-memory rings (a trainer's control groups) still carries messages
+// many times its rings, in every collective and point to point; its own splits are back on
+// the default rings.
+TEST_P(Features, SmallRingSplitsCarryLargeMessages) {
+  run_ranks(3, GetParam(), "small_rings", [&](Communicator& c) {
+    const int n = c.size(), r = c.rank();
+    auto small = c.split(0, r, comm::CommConfig::kControlRing);
+    ASSERT_EQ(small->config().shm_ring_bytes, comm::CommConfig::kControlRing);
+    EXPECT_EQ(small->split(0, r)->config().shm_ring_bytes, 0u);
+    const size_t count = (size_t{4} << 20) / sizeof(float) + 7;  // 16 rings and a bit
+    std::vector<float> v(count), all(count * n);
+    for (size_t i = 0; i < count; ++i) v[i] = float((r + 1) * (i % 1000));
+    small->allreduce(v.data(), v.data(), count, DType::kF32, ReduceOp::kSum);
+    for (size_t i : {size_t{0}, size_t{999}, count / 2, count - 1})
+      ASSERT_EQ(v[i], float(6 * (i % 1000))) << i;
+    std::vector<float> mine(count, float(r));
+    small->allgather(mine.data(), all.data(), count, DType::kF32);
+    for (int q = 0; q < n; ++q) ASSERT_EQ(all[q * count + count - 1], float(q));
+    auto s = small->send_async(mine.data(), count, DType::kF32, (r + 1) % n);
+    small->recv(all.data(), count, DType::kF32, (r + n - 1) % n);
+    s->wait();
+    EXPECT_EQ(all[count - 1], float((r + n - 1) % n));
+  });
+}
+
 TEST_P(Features, PointToPointBothWays) {
   run_ranks(3, GetParam(), "p2p", [&](Communicator& c) {
     const int n = c.size(), r = c.rank();

@@ -137,16 +137,18 @@ TEST(Plan, ZeroMemoryPerParameter) {
 
 // train.dtype = bf16 on the CPU: the copies the products read (2 bytes per parameter of every
 // block and of the embedding on the stage that runs the head) and, with the master weights on
-// disk, the blocks' matrices without their fp32 bytes — counted as the model's own tensors
-// count them (Gpt::only_bf16_read), one stage holding every unit.
+// disk, the blocks' matrices and wte without their fp32 bytes — counted as the model's own
+// tensors count them (Gpt::only_bf16_read; wte, whose rows the lookup reads from the file),
+// one stage holding every unit.
 TEST(Plan, CpuBf16CopiesAndMasterOffloadCountTheModelsTensors) {
   for (const char* name : {"tiny", "small", "gpt2-124m"}) {
     const model::GptConfig g = model::GptConfig::named(name);
     model::Gpt gpt(g, false, model::TensorSplit{1, 0, false});
-    double all = 0, matrices = 0, final_norm = 0;
+    double all = 0, matrices = 0, final_norm = 0, wte = 0;
     for (const model::Tensor& t : gpt.tensors()) {
       all += static_cast<double>(t.size);
       if (gpt.only_bf16_read(t)) matrices += static_cast<double>(t.size);
+      if (t.name == "wte") wte += static_cast<double>(t.size);
       if (t.unit == g.n_layer + 1) final_norm += static_cast<double>(t.size);
     }
     ModelShape m;
@@ -167,7 +169,8 @@ TEST(Plan, CpuBf16CopiesAndMasterOffloadCountTheModelsTensors) {
                  master = state(true, "optimizer+master");
     EXPECT_EQ(fp32, 8 * all) << name;
     EXPECT_EQ(bf16 - fp32, 2 * (all - final_norm)) << name << ": the final norm has no copy";
-    EXPECT_EQ(bf16 - master, 4 * matrices) << name;
+    EXPECT_EQ(bf16 - master, 4 * (matrices + wte)) << name;
+    EXPECT_EQ(wte, 1.0 * g.padded_vocab_size * g.n_embd) << name;
     EXPECT_EQ(matrices, 12.0 * g.n_embd * g.n_embd * g.n_layer) << name;
   }
 }

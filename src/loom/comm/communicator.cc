@@ -97,7 +97,7 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   return c;
 }
 
-std::shared_ptr<Communicator> Communicator::split(int color, int key) {
+std::shared_ptr<Communicator> Communicator::split(int color, int key, size_t shm_ring_bytes) {
   std::vector<int64_t> mine{color, key}, all(2 * static_cast<size_t>(size_));
   Op op;
   op.fp = {OpKind::kSplit, DType::kI64, ReduceOp::kSum, Algo::kDirect, -1, 2};
@@ -117,6 +117,7 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   std::string sub = "split" + std::to_string(index) + "/c" + std::to_string(color);
   CommConfig cfg = cfg_;
   cfg.name = cfg_.name + "/" + sub;
+  cfg.shm_ring_bytes = shm_ring_bytes;
   auto ns = std::make_shared<PrefixStore>(sub, store_);
   std::shared_ptr<Communicator> c(
       new Communicator(root_store_, ns, new_rank, static_cast<int>(members.size()), cfg));

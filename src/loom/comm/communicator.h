@@ -63,6 +63,12 @@ struct CommConfig {
   std::string token;               // LOOM_JOB_TOKEN (empty: no authentication possible)
   Algo algo = Algo::kAuto;         // LOOM_ALGO
   CostModel model = CostModel::from_env();
+  // Bytes of each shared-memory ring, each direction (a power of two >= 256 KiB); 0: LOOM_SHM_RING
+  // (4 MiB). A communicator that carries only small messages (a trainer's world and pipeline
+  // groups: sums of losses and norms) needs no more than kControlRing: every pair of its ranks
+  // on a machine holds two rings, touched from the start.
+  size_t shm_ring_bytes = 0;
+  static constexpr size_t kControlRing = size_t{256} << 10;
   static CommConfig from_env();
 };
 
@@ -144,9 +150,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   int size() const { return size_; }
   const Topology& topology() const { return topo_; }
   const CommConfig& config() const { return cfg_; }
-  // Ranks with the same color form a new communicator, ordered by (key, rank).
-  // Collective over this communicator; color < 0 returns nullptr (not a member).
-  std::shared_ptr<Communicator> split(int color, int key);
+  // Ranks with the same color form a new communicator, ordered by (key, rank), with this
+  // one's settings but its shared-memory rings' size (CommConfig::shm_ring_bytes; 0: the
+  // default, not this communicator's). Collective over this communicator; color < 0 returns
+  // nullptr (not a member).
+  std::shared_ptr<Communicator> split(int color, int key, size_t shm_ring_bytes = 0);
   // The algorithm `auto` picks for this op and size here (for reports and tests).
   Algo chosen_algo(OpKind op, size_t bytes, Algo requested = Algo::kAuto) const;
   // `bytes` of memory the other processes of this machine can map. A collective's message

@@ -29,6 +29,7 @@
 #include "loom/comm/transport/shm/segment.h"
 #include "loom/comm/transport/shm/shm_pair.h"
 #include "loom/comm/transport/tcp/tcp_pair.h"
+#include "loom/core/check.h"
 #include "loom/core/checksum.h"
 #include "loom/core/cpus.h"
 #include "loom/core/error.h"
@@ -124,8 +125,7 @@ Topology make_topology(const std::vector<PeerInfo>& peers, int rank, bool force_
 }
 
 // Step 2, first half: the segments of this rank's pairs with higher local ranks.
-void create_shm_pairs(Store& store, int rank, const Topology& topo, Pairs& pairs) {
-  const size_t ring = ShmPair::default_ring_bytes();
+void create_shm_pairs(Store& store, int rank, const Topology& topo, size_t ring, Pairs& pairs) {
   for (int q = rank + 1; q < topo.size; ++q) {
     if (!topo.shm_with[q]) continue;
     shm::Segment seg = shm::Segment::create(ShmPair::segment_bytes(ring));
@@ -268,7 +268,13 @@ void Communicator::connect(Deadline deadline) {
                               cfg_.token,
                               deadline,
                               deadline.earlier(Deadline::after_seconds(30))};
-  create_shm_pairs(*store_, rank_, topo_, pairs_);
+  size_t ring = cfg_.shm_ring_bytes;
+  if (ring == 0)
+    ring = ShmPair::default_ring_bytes();
+  else
+    LOOM_CHECK_MSG(ring >= CommConfig::kControlRing && (ring & (ring - 1)) == 0,
+                   "CommConfig::shm_ring_bytes: a power of two >= 256 KiB");
+  create_shm_pairs(*store_, rank_, topo_, ring, pairs_);
   TcpAcceptor acceptor(listener.get(), topo_, tcp);
   try {
     connect_tcp_pairs(peers, topo_, tcp, pairs_);

@@ -1,5 +1,6 @@
 #include "loom/model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "loom/core/check.h"
@@ -171,6 +172,11 @@ const float* Gpt::param(const std::string& name) const {
 void Gpt::bind_unit(int u, float* params, float* grads) {
   unit_params_[u] = params;
   unit_grads_[u] = grads;
+}
+
+void Gpt::set_lookup_rows(RowSource rows) {
+  LOOM_CHECK_MSG(!rows || tp_ == 1, "the lookup's rows are fetched without tensor parallelism");
+  lookup_rows_ = std::move(rows);
 }
 
 void Gpt::set_backend(std::unique_ptr<kernels::Backend> b) {
@@ -587,7 +593,27 @@ void Gpt::embed_forward(Activations& a) {
   const int* tokens = a.tokens.data();
   float* out = a.resid[0].data();
   if (tp_ == 1) {
-    backend_->encoder_forward(out, tokens, p(0, 0), p(0, tensors_[1].offset), B_, T_, C);
+    const float* wte = p(0, 0);
+    if (lookup_rows_) {  // a table of the rows this microbatch reads, and tokens into it
+      const size_t n = static_cast<size_t>(B_) * T_;
+      lookup_index_.resize(n);
+      a.tokens.to_host(lookup_index_.data());
+      lookup_ids_.assign(lookup_index_.begin(), lookup_index_.end());
+      std::sort(lookup_ids_.begin(), lookup_ids_.end());
+      lookup_ids_.erase(std::unique(lookup_ids_.begin(), lookup_ids_.end()), lookup_ids_.end());
+      for (int& t : lookup_index_)
+        t = static_cast<int>(std::lower_bound(lookup_ids_.begin(), lookup_ids_.end(), t) -
+                             lookup_ids_.begin());
+      lookup_host_.resize(lookup_ids_.size() * C);
+      lookup_rows_(lookup_ids_.data(), lookup_ids_.size(), lookup_host_.data());
+      if (lookup_table_.memory() == nullptr)
+        lookup_table_ = Floats(backend_->memory()),
+        lookup_tokens_ = kernels::Buffer<int>(backend_->memory());
+      lookup_table_.from_host(lookup_host_.data(), lookup_host_.size());
+      lookup_tokens_.from_host(lookup_index_.data(), n);
+      wte = lookup_table_.data(), tokens = lookup_tokens_.data();
+    }
+    backend_->encoder_forward(out, tokens, wte, p(0, tensors_[1].offset), B_, T_, C);
     return;
   }
   float* partial = sp_ ? proj_.data() : out;

@@ -201,6 +201,12 @@ class Gpt {
   }
   const float* param(const std::string& name) const;
   void set_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+  // Where wte's fp32 values are not in memory (zero.offload_master on a rank that looks
+  // tokens up): the lookup asks `rows` for the distinct rows a microbatch reads, ids sorted,
+  // (n, C) into `out`, and adds them as it would have from wte itself (the same sums).
+  // Without tensor parallelism only; empty: wte is read where it is bound.
+  using RowSource = std::function<void(const int* ids, size_t n, float* out)>;
+  void set_lookup_rows(RowSource rows);
   // Recompute policy: 0 keeps every block's activations, k >= 1 recomputes blocks
   // 0, k, 2k, ... (1 = all).
   void set_recompute_every(int k) { recompute_every_ = k; }
@@ -378,6 +384,12 @@ class Gpt {
   std::vector<float*> unit_params_, unit_grads_;
   std::vector<size_t> block_offsets_;  // offset of each of a block's 12 tensors within it
   UnitHooks* hooks_ = nullptr;
+  RowSource lookup_rows_;  // set_lookup_rows
+  // The lookup's rows when fetched: the distinct ids, their rows, the tokens renumbered.
+  std::vector<int> lookup_ids_, lookup_index_;
+  std::vector<float> lookup_host_;
+  Floats lookup_table_;
+  kernels::Buffer<int> lookup_tokens_;
   int recompute_every_ = 0;
   std::unique_ptr<kernels::Backend> backend_;
   bool bf16_copies_ = true;

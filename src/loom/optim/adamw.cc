@@ -97,10 +97,14 @@ void AdamW::step_all(const std::vector<RangeStep>& ranges, float grad_scale, dou
       r.adam->update(master ? buf(c, 2) : r.params + k.lo, r.grads, buf(c, 0), buf(c, 1), k.lo,
                      k.hi, grad_scale, lr, p, t);
       if (master) fresh(k.range, k.lo, k.hi, buf(c, 2));
-      if (updated && k.hi == r.adam->size()) updated(k.range);
-      saved.push_back(file->io().submit([&, c] {
+      // A range is updated once its last chunk is; one with its master in the file, once
+      // that chunk is written too (readers of the master read the file: Gpt::set_lookup_rows).
+      const bool last = updated && k.hi == r.adam->size();
+      if (last && !master) updated(k.range);
+      saved.push_back(file->io().submit([&, c, done = last && master] {
         for (int w = 0; w < slots(chunks[c]); ++w)
           file->write(at(chunks[c], w), buf(c, w), (chunks[c].hi - chunks[c].lo) * sizeof(float));
+        if (done) updated(chunks[c].range);
       }));
     }
     for (auto& s : saved) s.get();

@@ -56,9 +56,11 @@ class AdamW {
   // two buffers, the next range's first chunk read while the last one's update runs (a rank's
   // units are many ranges of one file). `updated(i)`, where given, is called once range i's
   // parameters are final (its moments may still be on their way to the file; they are written
-  // when step_all returns). With the master weights in the file, `fresh(i, lo, hi, master)`
-  // is called with elements [lo, hi) of range i's master weights once updated, before they go
-  // back to the file (the caller's working copy is made there), and before updated(i).
+  // when step_all returns); with its master weights in the file, once those are written back
+  // too (called on the file's I/O thread then). With the master weights in the file,
+  // `fresh(i, lo, hi, master)` is called with elements [lo, hi) of range i's master weights
+  // once updated, before they go back to the file (the caller's working copy is made there),
+  // and before updated(i).
   using Fresh = std::function<void(size_t range, size_t lo, size_t hi, const float* master)>;
   static void step_all(const std::vector<RangeStep>& ranges, float grad_scale, double lr,
                        const AdamWParams& p, int64_t t,

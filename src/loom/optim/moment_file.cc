@@ -1,13 +1,31 @@
 #include "loom/optim/moment_file.h"
 
+#include "loom/core/error.h"
+#include "loom/core/tunable.h"
+
 namespace loom::optim {
+
+namespace {
+const IntTunable kOffloadChunk("LOOM_OFFLOAD_CHUNK", static_cast<int64_t>(MomentFile::kChunk),
+                               "elements of each slot an offloaded optimizer step streams at once "
+                               "(two buffers of m, v and the master weights: 24 bytes each)");
+
+size_t chunk_or_default(size_t chunk) {
+  if (chunk > 0) return chunk;
+  const int64_t v = kOffloadChunk.get();
+  if (v < 1024)
+    throw UserError("LOOM_OFFLOAD_CHUNK=" + std::to_string(v) + " is below 1024 elements",
+                    "use e.g. 524288 (2 MiB a slot)");
+  return static_cast<size_t>(v);
+}
+}  // namespace
 
 MomentFile::MomentFile(const std::string& dir, int rank, size_t chunk)
     : file_(dir, "adam-moments-rank" + std::to_string(rank) + ".bin", "optimizer-state file",
             "point zero.offload_dir at a writable folder with room for 8 bytes per parameter of "
             "this rank, 12 with zero.offload_master (default: run.dir/offload), or set "
             "zero.offload = \"none\""),
-      chunk_(chunk) {}
+      chunk_(chunk_or_default(chunk)) {}
 
 float* MomentFile::buffer(int b, int which) {
   // Not value-initialised: every element is read from the file before it is used.

@@ -20,9 +20,11 @@ namespace loom::optim {
 class MomentFile {
  public:
   // Creates `dir` and the file; UserError naming the folder when that fails. A step streams
-  // chunks of `chunk` elements (8 MiB of m and 8 of v; tests pass fewer).
-  static constexpr size_t kChunk = size_t{1} << 21;
-  MomentFile(const std::string& dir, int rank, size_t chunk = kChunk);
+  // chunks of `chunk` elements (0: LOOM_OFFLOAD_CHUNK, kChunk unless set; tests pass fewer).
+  // 512 KiB a slot: a chunk's slots stay in the caches between the read and the update (2 MiB
+  // slots took 2.2x as long a step on Zen 4: docs/perf-history.md).
+  static constexpr size_t kChunk = size_t{1} << 17;
+  MomentFile(const std::string& dir, int rank, size_t chunk = 0);
   ~MomentFile();
   MomentFile(const MomentFile&) = delete;
   MomentFile& operator=(const MomentFile&) = delete;
@@ -35,7 +37,7 @@ class MomentFile {
   IoThread& io() { return *io_; }
   size_t chunk() const { return chunk_; }
   // Stream buffer b (0 or 1) of slot which (0: m, 1: v, 2: the master weights), chunk()
-  // floats: allocated on first use (not zeroed) and kept for every later step (32 MiB, 48 with
+  // floats: allocated on first use (not zeroed) and kept for every later step (2 MiB, 3 with
   // the master weights). Freed after each step, they
   // would cost their page faults again: 0.25 s a step in a VM (gpt2-124m, measured).
   float* buffer(int b, int which);

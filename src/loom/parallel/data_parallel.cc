@@ -111,13 +111,27 @@ DataParallel::DataParallel(model::Gpt& model, const ProcessGroups& groups, DpOpt
   model_.set_bf16_weight_copies(!policy_->params_sharded());
   // zero.offload_master: this engine keeps the bf16 copies of the units with tensors whose
   // fp32 values leave memory (made before a step's thread writes into them).
+  // The wte a first stage looks up from the file has no copy there: no product reads it.
+  const bool head_here = !units_.empty() && units_.back().n() > 0;
   if (opt_.offload_master)
     for (const model::Tensor& t : model_.tensors())
-      if (units_[t.unit].n() > 0 && offloaded(t)) model_.owner_bf16(t.unit);
+      if (units_[t.unit].n() > 0 && offloaded(t) && (head_here || !looked_up_from_file(t)))
+        model_.owner_bf16(t.unit);
+  for (const model::Tensor& t : model_.tensors())
+    if (units_[t.unit].n() > 0 && looked_up_from_file(t))
+      model_.set_lookup_rows(
+          [this, u = t.unit, at = t.offset - units_[t.unit].begin,
+           C = static_cast<size_t>(t.shape.back())](const int* ids, size_t n, float* out) {
+            for (size_t i = 0, j; i < n; i = j) {  // runs of consecutive ids: one read each
+              for (j = i + 1; j < n && ids[j] == ids[j - 1] + 1;) ++j;
+              read_master(u, at + static_cast<size_t>(ids[i]) * C, (j - i) * C, out + i * C);
+            }
+          });
 }
 
 DataParallel::~DataParallel() {
   model_.set_hooks(nullptr);
+  model_.set_lookup_rows({});
   try {
     settle();
   } catch (const std::exception&) {  // reported where it was waited for, or moot now
@@ -171,7 +185,13 @@ float* DataParallel::full_param(int u) {
 }
 
 bool DataParallel::offloaded(const model::Tensor& t) const {
-  return opt_.offload_master && model_.only_bf16_read(t, /*lookup=*/!opt_.unit0_is_head_copy);
+  return opt_.offload_master &&
+         (model_.only_bf16_read(t, /*lookup=*/!opt_.unit0_is_head_copy) || looked_up_from_file(t));
+}
+
+bool DataParallel::looked_up_from_file(const model::Tensor& t) const {
+  return opt_.offload_master && opt_.lookup_from_master && !opt_.unit0_is_head_copy &&
+         t.name == "wte";
 }
 
 void DataParallel::master_changed(int u, size_t lo, size_t n, const float* v) {
@@ -188,9 +208,14 @@ void DataParallel::read_master(int u, size_t lo, size_t n, float* out) const {
 }
 
 template <typename Fn>
-void DataParallel::for_each_piece(int u, Fn fn) const {
+void DataParallel::in_pieces(size_t n, Fn fn) const {
   const size_t step = opt_.moments ? opt_.moments->chunk() : optim::MomentFile::kChunk;
-  for (size_t lo = 0; lo < units_[u].n(); lo += step) fn(lo, std::min(step, units_[u].n() - lo));
+  for (size_t lo = 0; lo < n; lo += step) fn(lo, std::min(step, n - lo));
+}
+
+template <typename Fn>
+void DataParallel::for_each_piece(int u, Fn fn) const {
+  in_pieces(units_[u].n(), fn);
 }
 
 // A tensor split across the model-parallel group counts on every rank (each holds its own
@@ -270,10 +295,13 @@ uint64_t DataParallel::held_checksum(const std::function<bool(const model::Tenso
     for_each_slice(u, sharded ? x.own_begin : x.begin, sharded ? x.own_end : x.end,
                    [&](const model::Tensor& t, int64_t, int64_t n, size_t a) {
                      if (!keep(t)) return;
-                     if (offloaded(t)) {  // not in memory
-                       std::vector<float> v(static_cast<size_t>(n));
-                       read_master(u, a - x.begin, v.size(), v.data());
-                       sum.update(v.data(), v.size() * sizeof(float));
+                     if (offloaded(t)) {  // not in memory: from the file, a piece at a time
+                       std::vector<float> v;
+                       in_pieces(static_cast<size_t>(n), [&](size_t o, size_t len) {
+                         v.resize(len);
+                         read_master(u, a - x.begin + o, len, v.data());
+                         sum.update(v.data(), len * sizeof(float));
+                       });
                        return;
                      }
                      const float* p =
@@ -299,25 +327,36 @@ void DataParallel::load(const ckpt::TensorSource& r, bool weights_only) {
     std::vector<float> tmp;
     for_each_slice(
         u, mbase, adam.end(), [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
-          tmp.resize(static_cast<size_t>(n));
-          for (auto [name, which] :
+          for (const auto& moment :
                {std::pair{"adam_m/", optim::AdamW::kM}, std::pair{"adam_v/", optim::AdamW::kV}}) {
             if (weights_only) break;
-            r.read(name + t.name, t.shape, region_of(t, b, n), tmp.data());
-            adam.write(which, a - mbase, static_cast<size_t>(n), tmp.data());
+            const std::string name = moment.first;  // named: clang 14 cannot capture a binding
+            const auto which = moment.second;
+            in_pieces(static_cast<size_t>(n), [&](size_t o, size_t len) {  // as the master below
+              tmp.resize(len);
+              r.read(name + t.name, t.shape,
+                     region_of(t, b + static_cast<int64_t>(o), static_cast<int64_t>(len)),
+                     tmp.data());
+              adam.write(which, a - mbase + o, len, tmp.data());
+            });
           }
           if (policy_->params_sharded())
             r.read("param/" + t.name, t.shape, region_of(t, b, n),
                    own_param(u) + (a - x.own_begin));
         });
-    if (opt_.offload_master)  // into the file, and from there the copies in memory
-      for_each_slice(u, x.begin, x.end,
-                     [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
-                       tmp.resize(static_cast<size_t>(n));
-                       r.read("param/" + t.name, t.shape, region_of(t, b, n), tmp.data());
-                       adam.write(optim::AdamW::kMaster, a - mbase, tmp.size(), tmp.data());
-                       master_changed(u, a - x.begin, tmp.size(), tmp.data());
-                     });
+    if (opt_.offload_master)  // into the file, and from there the copies in memory (a piece
+      // at a time: the tensors that live in the file need not fit in memory once)
+      for_each_slice(
+          u, x.begin, x.end, [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
+            in_pieces(static_cast<size_t>(n), [&](size_t o, size_t len) {
+              tmp.resize(len);
+              r.read("param/" + t.name, t.shape,
+                     region_of(t, b + static_cast<int64_t>(o), static_cast<int64_t>(len)),
+                     tmp.data());
+              adam.write(optim::AdamW::kMaster, a - mbase + o, len, tmp.data());
+              master_changed(u, a - x.begin + o, len, tmp.data());
+            });
+          });
     else if (!policy_->params_sharded())
       for_each_slice(
           u, x.begin, x.end, [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {

@@ -95,6 +95,10 @@ struct DpOptions {
   // and the weight matrices' fp32 values are not in memory at all (SparseFloats). Tensors the
   // model reads in fp32 (norms, biases, embeddings) keep an fp32 copy in memory.
   bool offload_master = false;
+  // With offload_master, no tensor parallelism and no head split: on the rank that looks
+  // tokens up, wte's fp32 values leave memory too and each microbatch's lookup reads its rows
+  // from the master in the file (Gpt::set_lookup_rows); the head reads wte's bf16 copy.
+  bool lookup_from_master = false;
 };
 
 class DataParallel : public model::UnitHooks, public PipelineHooks {
@@ -215,12 +219,17 @@ class DataParallel : public model::UnitHooks, public PipelineHooks {
   // zero.offload_master: whether t's fp32 values are only in the file (Gpt::only_bf16_read
   // for the units this rank holds).
   bool offloaded(const model::Tensor& t) const;
+  // zero.offload_master with lookup_from_master: whether t is the wte this rank looks up from
+  // the file (offloaded, and with no bf16 copy unless the head runs here).
+  bool looked_up_from_file(const model::Tensor& t) const;
   // zero.offload_master: elements [lo, lo + n) of unit u's master weights (lo from the unit's
   // start) have become `v`: their bf16 copy and the fp32 values kept in memory follow.
   void master_changed(int u, size_t lo, size_t n, const float* v);
   // zero.offload_master: unit u's master weights [lo, lo + n), from the file.
   void read_master(int u, size_t lo, size_t n, float* out) const;
-  // Runs fn(lo, n) over unit u in pieces of at most the moments' file's chunk.
+  // Runs fn(lo, len) over [0, n) / over unit u in pieces of at most the moments' file's chunk.
+  template <typename Fn>
+  void in_pieces(size_t n, Fn fn) const;
   template <typename Fn>
   void for_each_piece(int u, Fn fn) const;
   // Unit-sized buffers (gathered parameters, full gradients) are taken from and given back

@@ -10,13 +10,14 @@ namespace loom::parallel {
 namespace {
 // The communicator of `members` (this rank among them, or not when empty); every rank of
 // the world calls this for each of its groups in the same order. A group is named by its
-// first member; a rank's key is its place in the group.
+// first member; a rank's key is its place in the group. shm_ring_bytes: Communicator::split's.
 std::shared_ptr<comm::Communicator> group_of(comm::Communicator& world,
-                                             const std::vector<int>& members) {
+                                             const std::vector<int>& members,
+                                             size_t shm_ring_bytes = 0) {
   const auto it = std::find(members.begin(), members.end(), world.rank());
   const bool member = it != members.end() && members.size() > 1;
   return world.split(member ? members.front() : -1,
-                     member ? static_cast<int>(it - members.begin()) : 0);
+                     member ? static_cast<int>(it - members.begin()) : 0, shm_ring_bytes);
 }
 }  // namespace
 
@@ -29,7 +30,9 @@ ProcessGroups make_process_groups(std::shared_ptr<comm::Communicator> world, con
   g.world = world;
   g.dp = group_of(*world, mesh.group('D', r));
   g.tp = group_of(*world, mesh.group('T', r));
-  g.pp = group_of(*world, mesh.group('P', r));
+  // The pipeline group carries the norm's sum only (its stages' transfers have communicators
+  // of their own, split from it with the default rings): small rings.
+  g.pp = group_of(*world, mesh.group('P', r), comm::CommConfig::kControlRing);
   g.embedding = group_of(*world, mesh.embedding_group(r));
   if (g.dp && opt.shard_within_node && g.dp->topology().nhosts() > 1) {
     const comm::Topology& topo = g.dp->topology();

@@ -362,8 +362,16 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
         const double matrices = stage_layers[st] * 12 * m.hidden * m.hidden / t;
         const double copied = stage_layers[st] * units[1] + (stage_head[st] ? units[0] : 0);
         params += 2 * copied;
-        if (l.offload == "optimizer+master")  // their fp32 values live in the file
-          params -= 4 * (matrices + (stage_head[st] && !stage_embed[st] ? units[0] : 0));
+        if (l.offload == "optimizer+master") {  // their fp32 values live in the file, and
+          // the embedding's where only the head reads it, or wte's where the lookup reads its
+          // rows from the file (without tensor parallelism: DpOptions::lookup_from_master)
+          double gone = matrices;
+          if (stage_head[st] && !stage_embed[st])
+            gone += units[0];
+          else if (stage_embed[st] && t == 1)
+            gone += m.vocab * m.hidden;
+          params -= 4 * gone;
+        }
       }
       // ZeRO 2 and 3 without a pipeline: full gradients in backward (docs/algorithms.md): the
       // embedding's from the tied head (the first use) to the lookup (the last), and a

@@ -741,7 +741,15 @@ void Trainer::build_parallel_state() {
       parallel::make_sharding_policy(static_cast<int>(cfg_.zero));
   parallel::GroupOptions go;
   go.shard_within_node = cfg_.shard_group == "node" && sharding->shards();
-  groups_ = parallel::make_process_groups(world_ > 1 ? comm::init_from_env() : nullptr, *mesh_, go);
+  // The world carries sums, gathers and barriers of a few values (its groups, split from it,
+  // get the default rings): small rings.
+  std::shared_ptr<comm::Communicator> world;
+  if (world_ > 1) {
+    comm::CommConfig wc = comm::CommConfig::from_env();
+    wc.shm_ring_bytes = comm::CommConfig::kControlRing;
+    world = comm::init_from_env(wc);
+  }
+  groups_ = parallel::make_process_groups(std::move(world), *mesh_, go);
   if (groups_.tp) {
     tp_ = std::make_unique<parallel::TensorParallel>(groups_.tp);
     model_->set_tp_comm(tp_.get());
@@ -754,6 +762,7 @@ void Trainer::build_parallel_state() {
   dpo.moments = moments_;
   dpo.overlap_step = cfg_.zero_overlap_step;
   dpo.offload_master = cfg_.zero_offload_master;
+  dpo.lookup_from_master = cfg_.zero_offload_master && mesh_->tp() == 1 && !cfg_.pp_head_split;
   if (mesh_->pp() > 1) {
     pipeline_ = std::make_unique<parallel::PipelineStage>(
         *model_, groups_.pp, pieces_, schedule_, static_cast<int>(cfg_.grad_accum),
@@ -971,12 +980,14 @@ void Trainer::plan_check() {
   // size (8 MiB at most), bus bandwidth = 2(n-1)/n of the bytes over the median time.
   double link_gbps = 0;
   if (groups_.world) {
+    // On the default rings the gradients' groups have (the world's are small).
+    const std::shared_ptr<comm::Communicator> link = groups_.world->split(0, rank_);
     const size_t n = std::min<size_t>(model_->num_params(), size_t{2} << 20);
     std::vector<float> buf(n, 1.0f);
     std::vector<double> times;
     for (int i = 0; i < 6; ++i) {
       const auto t0 = Clock::now();
-      groups_.world->allreduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum);
+      link->allreduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum);
       if (i > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     link_gbps = 2.0 * (world_ - 1) / world_ * n * 4 / median(times) / 1e9;

@@ -180,6 +180,7 @@ ShmPair::ShmPair(int self, int peer, shm::Segment seg, int side)
   LOOM_CHECK_EQ(seg_.size(), segment_bytes(ring_bytes_));
   mask_ = ring_bytes_ - 1;
   chunk_ = std::max<size_t>(kSlot, static_cast<size_t>(kShmChunk.get()) & ~(kSlot - 1));
+  chunk_ = std::min(chunk_, ring_bytes_ / 2);  // a published piece always fits a ring
   single_copy_min_ = static_cast<size_t>(std::max<int64_t>(0, kSingleCopy.get()));
   read_piece_ = static_cast<size_t>(std::max<int64_t>(4096, kReadPiece.get())) & ~size_t{63};
   shared_min_ = static_cast<size_t>(std::max<int64_t>(0, kSharedMin.get()));
