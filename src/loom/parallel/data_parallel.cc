@@ -325,38 +325,39 @@ void DataParallel::load(const ckpt::TensorSource& r, bool weights_only) {
     optim::AdamW& adam = *x.adam;
     const size_t mbase = adam.begin();  // the moments cover the optimizer's range
     std::vector<float> tmp;
+    // Reads `name + t.name`'s slice [b, b + n) a piece at a time and hands each piece to
+    // `use(o, len, values)`: the tensors that live in the file need not fit in memory at once.
+    auto read_in_pieces = [&](const std::string& name, const model::Tensor& t, int64_t b, int64_t n,
+                              const auto& use) {
+      in_pieces(static_cast<size_t>(n), [&](size_t o, size_t len) {
+        tmp.resize(len);
+        r.read(name + t.name, t.shape,
+               region_of(t, b + static_cast<int64_t>(o), static_cast<int64_t>(len)), tmp.data());
+        use(o, len, tmp.data());
+      });
+    };
     for_each_slice(
         u, mbase, adam.end(), [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
           for (const auto& moment :
                {std::pair{"adam_m/", optim::AdamW::kM}, std::pair{"adam_v/", optim::AdamW::kV}}) {
             if (weights_only) break;
-            const std::string name = moment.first;  // named: clang 14 cannot capture a binding
-            const auto which = moment.second;
-            in_pieces(static_cast<size_t>(n), [&](size_t o, size_t len) {  // as the master below
-              tmp.resize(len);
-              r.read(name + t.name, t.shape,
-                     region_of(t, b + static_cast<int64_t>(o), static_cast<int64_t>(len)),
-                     tmp.data());
-              adam.write(which, a - mbase + o, len, tmp.data());
+            const auto which = moment.second;  // named: clang 14 cannot capture a binding
+            read_in_pieces(moment.first, t, b, n, [&](size_t o, size_t len, const float* v) {
+              adam.write(which, a - mbase + o, len, v);
             });
           }
           if (policy_->params_sharded())
             r.read("param/" + t.name, t.shape, region_of(t, b, n),
                    own_param(u) + (a - x.own_begin));
         });
-    if (opt_.offload_master)  // into the file, and from there the copies in memory (a piece
-      // at a time: the tensors that live in the file need not fit in memory once)
-      for_each_slice(
-          u, x.begin, x.end, [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
-            in_pieces(static_cast<size_t>(n), [&](size_t o, size_t len) {
-              tmp.resize(len);
-              r.read("param/" + t.name, t.shape,
-                     region_of(t, b + static_cast<int64_t>(o), static_cast<int64_t>(len)),
-                     tmp.data());
-              adam.write(optim::AdamW::kMaster, a - mbase + o, len, tmp.data());
-              master_changed(u, a - x.begin + o, len, tmp.data());
-            });
-          });
+    if (opt_.offload_master)  // into the file, and from there the copies in memory
+      for_each_slice(u, x.begin, x.end,
+                     [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
+                       read_in_pieces("param/", t, b, n, [&](size_t o, size_t len, const float* v) {
+                         adam.write(optim::AdamW::kMaster, a - mbase + o, len, v);
+                         master_changed(u, a - x.begin + o, len, v);
+                       });
+                     });
     else if (!policy_->params_sharded())
       for_each_slice(
           u, x.begin, x.end, [&](const model::Tensor& t, int64_t b, int64_t n, size_t a) {
