@@ -532,7 +532,8 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
   const bool whole = part == BackwardPart::kWhole;
   auto kept = [&](Floats BlockGrads::*f) { return whole ? nullptr : &(keep->*f); };
   // The block's gradient scratch (d_fch_gelu_, d_fch_, d_ln2_, d_atty_, d_qkv_, d_ln1_) has
-  // one contribution each: its kernel writes it (`assign`) rather than adding to zeros.
+  // one contribution each: its kernel writes it (`assign`) rather than adding to zeros. (So
+  // with part kInput four of them can trade places with the W pass's kept buffers.)
   constexpr bool kAssign = true;
   // out = res2 + fcproj(gelu(fc(ln2(res2))))
   const float* dout = gather_rows(dx, d_all_.data());
@@ -543,11 +544,12 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
                           static_cast<size_t>(N) * 4 * Cl, kAssign);
   const float* x = whole ? gather_rows(a.ln2.data(), gathered_.data()) : nullptr;
   linear_backward(part, d_ln2_.data(), g(u, o[kFcw]), g(u, o[kFcb]), d_fch_.data(), x,
-                  weight(u, o[kFcw]), N, C, 4 * Cl, kept(&BlockGrads::fch), nullptr, kAssign);
+                  weight(u, o[kFcw]), N, C, 4 * Cl, nullptr, nullptr, kAssign);
+  if (!whole) keep_for_weights(keep->fch, d_fch_, d_fch_.data());
   const float* dln = reduce_input_grad(d_ln2_.data());
   layernorm_backward_rows(part, dx, g(u, o[kLn2w]), g(u, o[kLn2b]), dln, a.res2.data(),
                           p(u, o[kLn2w]), a.ln2_mean.data(), a.ln2_rstd.data());
-  if (!whole) keep->ln2.copy_from(dln, static_cast<size_t>(R) * C);
+  if (!whole) keep_for_weights(keep->ln2, d_ln2_, dln, static_cast<size_t>(R) * C);
   // res2 = in + attproj(attention(qkv(ln1(in))))
   dout = gather_rows(dx, d_all_.data());
   linear_backward(part, d_atty_.data(), g(u, o[kProjw]), g(u, o[kProjb]), dout, a.atty.data(),
@@ -556,11 +558,26 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
                                a.att.data(), B, T, Cl, NHl_, kAssign);
   x = whole ? gather_rows(a.ln1.data(), gathered_.data()) : nullptr;
   linear_backward(part, d_ln1_.data(), g(u, o[kQkvw]), g(u, o[kQkvb]), d_qkv_.data(), x,
-                  weight(u, o[kQkvw]), N, C, 3 * Cl, kept(&BlockGrads::qkv), nullptr, kAssign);
+                  weight(u, o[kQkvw]), N, C, 3 * Cl, nullptr, nullptr, kAssign);
+  if (!whole) keep_for_weights(keep->qkv, d_qkv_, d_qkv_.data());
   dln = reduce_input_grad(d_ln1_.data());
   layernorm_backward_rows(part, dx, g(u, o[kLn1w]), g(u, o[kLn1b]), dln, in, p(u, o[kLn1w]),
                           a.ln1_mean.data(), a.ln1_rstd.data());
-  if (!whole) keep->ln1.copy_from(dln, static_cast<size_t>(R) * C);
+  if (!whole) keep_for_weights(keep->ln1, d_ln1_, dln, static_cast<size_t>(R) * C);
+}
+
+// A B pass hands the W pass an output gradient `g` of n elements (all of `scratch` when n is
+// 0) that it will not read again: where g is the whole of the model's scratch buffer, the two
+// buffers trade places (the scratch is rewritten before it is next read); otherwise (a
+// tensor-parallel reduction's output) g is copied.
+void Gpt::keep_for_weights(Floats& kept, Floats& scratch, const float* g, size_t n) {
+  if (n == 0) n = scratch.size();
+  if (g == scratch.data() && n == scratch.size()) {
+    kept.resize_discard(n);
+    kept.swap(scratch);
+  } else {
+    kept.copy_from(g, n);
+  }
 }
 
 // The weight gradients block_backward(kInput) left, from the output gradients it kept.
