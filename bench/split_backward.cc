@@ -3,10 +3,12 @@
 // zero-bubble schedules), alternating on the same microbatch, and prints the medians and the
 // timeline's products by pass (docs/perf.md, "ZB-H1's split backward").
 //
-//   build/bench/split_backward [MODEL] [BLOCKS] [B] [T] [REPEATS]   (OMP_NUM_THREADS threads)
+//   build/bench/split_backward [MODEL] [BLOCKS] [B] [T] [REPEATS] [GAP]   (OMP_NUM_THREADS threads)
 //
-// Default gpt2-124m, 8 blocks (a pp 2 first stage), 2 x 256 tokens, 12 repeats. Prints one
-// JSON line per repeat and a summary: BW ms, B ms, W ms, (B + W) / BW.
+// Default gpt2-124m, 8 blocks (a pp 2 first stage), 2 x 256 tokens, 12 repeats. With GAP 1
+// another microbatch's forward runs (untimed) between B and W and before BW, as a pipeline
+// runs other passes between them: what they read has left the caches. Prints one JSON line
+// per repeat and a summary: BW ms, B ms, W ms, (B + W) / BW.
 #include <omp.h>
 
 #include <algorithm>
@@ -41,6 +43,7 @@ int main(int argc, char** argv) {
   const int B = argc > 3 ? std::atoi(argv[3]) : 2;
   const int T = argc > 4 ? std::atoi(argv[4]) : 256;
   const int repeats = argc > 5 ? std::atoi(argv[5]) : 12;
+  const bool gap = argc > 6 && std::atoi(argv[6]) != 0;
   GptConfig cfg = GptConfig::named(model);
   Gpt gpt(cfg);
   gpt.init(1);
@@ -51,7 +54,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int>((i * 7919) % 50000);
   std::vector<float> dout(static_cast<size_t>(B) * T * cfg.n_embd);
   for (size_t i = 0; i < dout.size(); ++i) dout[i] = 1e-3f * static_cast<float>((i % 97) - 48);
-  Activations a;
+  Activations a, other;
   std::map<std::string, std::vector<double>> t;
   std::map<std::string, double> products;  // pass and shape -> ms over the timed repeats
   for (int rep = 0; rep < repeats + 1; ++rep) {
@@ -60,6 +63,10 @@ int main(int argc, char** argv) {
     for (const char* how : {"BW", "B+W"}) {
       gpt.forward_units(a, 0, last, tokens.data(), nullptr, B, T, nullptr);
       gpt.zero_grad();
+      auto between = [&] {
+        if (gap) gpt.forward_units(other, 0, last, tokens.data(), nullptr, B, T, nullptr);
+      };
+      if (how[1] == 'W') between();
       auto t0 = std::chrono::steady_clock::now();
       if (how[1] == 'W') {
         gpt.backward_units(a, 1.0f, dout.data(), BackwardPart::kWhole);
@@ -67,6 +74,7 @@ int main(int argc, char** argv) {
       } else {
         gpt.backward_units(a, 1.0f, dout.data(), BackwardPart::kInput);
         const double b = ms_since(t0);
+        between();
         auto t1 = std::chrono::steady_clock::now();
         gpt.backward_units(a, 1.0f, nullptr, BackwardPart::kWeight);
         if (timed) t["B"].push_back(b), t["W"].push_back(ms_since(t1));
@@ -81,9 +89,10 @@ int main(int argc, char** argv) {
   }
   const double bw = median(t["BW"]), b = median(t["B"]), w = median(t["W"]);
   std::printf(
-      "# %s, %d blocks, %d x %d tokens, %d threads, medians of %d: BW %.1f ms, B %.1f, "
+      "# %s, %d blocks, %d x %d tokens, %d threads, %s, medians of %d: BW %.1f ms, B %.1f, "
       "W %.1f, (B + W) / BW %.3f\n",
-      model.c_str(), last, B, T, omp_get_max_threads(), repeats, bw, b, w, (b + w) / bw);
+      model.c_str(), last, B, T, omp_get_max_threads(), gap ? "a forward between" : "back to back",
+      repeats, bw, b, w, (b + w) / bw);
   for (const auto& [name, ms] : products)
     std::printf("#   %-36s %8.1f ms a repeat\n", name.c_str(), ms / repeats);
   return 0;
