@@ -175,6 +175,39 @@ TEST(Plan, CpuBf16CopiesAndMasterOffloadCountTheModelsTensors) {
   }
 }
 
+// ZeRO-3 prefetches: each unit's gather runs while the unit before it computes, so a
+// gather-bound step pays only what the gathers take beyond the compute, and a compute-bound
+// one only each pass's first gather (a unit's share). Without prefetch (the model before)
+// the exposed time was every gather.
+TEST(Plan, Zero3GathersHideBehindTheCompute) {
+  const model::GptConfig g = model::GptConfig::named("small");
+  ModelShape m;
+  m.layers = g.n_layer, m.hidden = g.n_embd, m.heads = g.n_head;
+  m.vocab = g.padded_vocab_size, m.max_seq = g.block_size, m.seq = 64;
+  Cluster c;
+  c.per_node = 2;
+  c.device = cpu_device(1);
+  Layout l;
+  l.dp = 2, l.zero = 3, l.micro_batch = 1, l.microbatches = 4;
+  auto at = [&](double gbps) {
+    CpuCosts k;
+    k.block_s = k.block_busy_s = 1e-3, k.ends_s = k.ends_busy_s = 2e-3;
+    k.adamw_params_per_s = 1e8, k.shm_alpha_us = 0, k.shm_gbps = gbps;
+    return predict(m, c, l, 8, &k);
+  };
+  const Prediction fast = at(1000), slow = at(0.01), slower = at(0.005);
+  ASSERT_GT(slow.zero_comm, 0.0);
+  // Gather-bound: the exposed part grows by all of the gathers' extra time.
+  const double gathers_slow = slower.zero_comm - slow.zero_comm;  // = all gathers at 0.01
+  EXPECT_GT(slow.zero_comm, 0.5 * gathers_slow) << "the slow link is gather-bound";
+  EXPECT_NEAR(slow.zero_comm, gathers_slow - slow.compute, 1e-9 * gathers_slow);
+  // Compute-bound: one unit's gathers of the 6 blocks + the embedding (its own unit, the
+  // head's weights too): a seventh of all of them at this link.
+  const double gathers_fast = gathers_slow * 0.01 / 1000;
+  EXPECT_LT(gathers_fast, fast.compute);
+  EXPECT_NEAR(fast.zero_comm, gathers_fast / (g.n_layer + 1), 1e-9 * gathers_fast);
+}
+
 TEST(Plan, LlmcGpt2SmallOn8A100) {
   ModelShape m = gpt(12, 768, 12, 1024, 50304);
   m.name = "gpt2-124m", m.flash_attention = true, m.dropout = false, m.fused_elementwise = true;

@@ -411,10 +411,12 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   // reduce-scatters its gradient.
   double psi_max = *std::max_element(stage_params.begin(), stage_params.end());
   double z3_params = 0;  // parameters moved per microbatch, the busiest stage
+  int z3_units = 1;      // and the units it gathers them in
   for (int st = 0; st < P; ++st) {
     double moved = 3 * stage_params[st];
     if (stage_head[st] && stage_embed[st]) moved += 2 * units[0];
-    z3_params = std::max(z3_params, moved);
+    if (moved > z3_params)
+      z3_params = moved, z3_units = stage_layers[st] + (stage_embed[st] || stage_head[st]);
   }
   const double gbytes = psi_max * value_bytes;
   const bool cross = c.nodes > 1;
@@ -450,6 +452,10 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
                                      : ring_s(gbytes, S, (reduce + gather) / gbytes, link, alpha);
     p.dp_comm = total * reduce / (reduce + gather);
     p.zero_comm = total - p.dp_comm;
+    // ZeRO-3 prefetches (loom since issue 36 item 2, as FSDP and DeepSpeed do): a unit's
+    // gather is in flight while the unit before it computes, so what stays on the step's
+    // path is each pass's first gather, or what the gathers take beyond the compute.
+    if (l.zero == 3) p.zero_comm = std::max(p.zero_comm / z3_units, p.zero_comm - p.compute);
   }
   const double opt_params = l.zero >= 1 && S > 1 ? psi_max / S : psi_max;
   p.optimizer_s = d.cpu ? opt_params / cpu->adamw_params_per_s
