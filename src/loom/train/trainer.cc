@@ -948,10 +948,11 @@ int Trainer::loop() {
 }
 
 // --plan: rank 0 measures the CPU's costs at this layout's shape (plan/calibrate.h: alone,
-// and with as many copies as ranks at once) while the other ranks wait at a barrier, between
-// two steps: at a third and two thirds of the run and at its end, so the costs are measured
-// in the host's states the steps saw (on shared cores a state lasts seconds and moves a
-// measurement by 10-40%); plan_check takes each cost's median over the three.
+// and with as many copies as ranks at once) while the other ranks wait at a barrier, then all
+// ranks measure the link, between two steps: at a third and two thirds of the run and at its
+// end, so the costs are measured in the host's states the steps saw (on shared cores a state
+// lasts seconds and moves a measurement by 10-40%; the link's flag hand-overs 4-10x);
+// plan_check takes each cost's median over the three.
 void Trainer::plan_sample() {
   barrier();
   if (rank_ == 0) {
@@ -963,6 +964,23 @@ void Trainer::plan_sample() {
         world_, 5));
   }
   barrier();
+  if (groups_.world) plan_link_gbps_.push_back(measure_link());
+}
+
+// The shared-memory link as this job's ranks see it: a few allreduces of the gradients' size
+// (8 MiB at most), bus bandwidth = 2(n-1)/n of the bytes over the median time.
+double Trainer::measure_link() {
+  // On the default rings the gradients' groups have (the world's are small).
+  if (!plan_link_) plan_link_ = groups_.world->split(0, rank_);
+  const size_t n = std::min<size_t>(model_->num_params(), size_t{2} << 20);
+  std::vector<float> buf(n, 1.0f);
+  std::vector<double> times;
+  for (int i = 0; i < 6; ++i) {
+    const auto t0 = Clock::now();
+    plan_link_->allreduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum);
+    if (i > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return 2.0 * (world_ - 1) / world_ * n * 4 / median(times) / 1e9;
 }
 
 bool Trainer::plan_sample_due(int64_t step) const {
@@ -976,22 +994,8 @@ bool Trainer::plan_sample_due(int64_t step) const {
 // sampled across the run (plan_sample).
 void Trainer::plan_check() {
   plan_sample();
-  // The shared-memory link as this job's ranks see it: a few allreduces of the gradients'
-  // size (8 MiB at most), bus bandwidth = 2(n-1)/n of the bytes over the median time.
-  double link_gbps = 0;
-  if (groups_.world) {
-    // On the default rings the gradients' groups have (the world's are small).
-    const std::shared_ptr<comm::Communicator> link = groups_.world->split(0, rank_);
-    const size_t n = std::min<size_t>(model_->num_params(), size_t{2} << 20);
-    std::vector<float> buf(n, 1.0f);
-    std::vector<double> times;
-    for (int i = 0; i < 6; ++i) {
-      const auto t0 = Clock::now();
-      link->allreduce(buf.data(), buf.data(), n, DType::kF32, comm::ReduceOp::kSum);
-      if (i > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    link_gbps = 2.0 * (world_ - 1) / world_ * n * 4 / median(times) / 1e9;
-  }
+  const double link_gbps = plan_link_gbps_.empty() ? 0 : median(plan_link_gbps_);
+  plan_link_.reset();
   if (rank_ != 0) return;
   const int T = static_cast<int>(cfg_.seq_len);
   const bool recompute = cfg_.recompute_every() == 1;

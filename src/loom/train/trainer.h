@@ -97,7 +97,8 @@ class Trainer {
   std::vector<double> world_sum(std::vector<double> v);
   std::vector<double> world_gather(const std::vector<double>& v);
   void barrier();
-  void plan_sample();  // --plan: the CPU's costs measured between two steps
+  void plan_sample();     // --plan: the CPU's costs and the link measured between two steps
+  double measure_link();  // --plan: the shared-memory link's bus bandwidth now, GB/s
   bool plan_sample_due(int64_t step) const;
   void plan_check();
   std::pair<double, double> clock_offset_us();
@@ -164,7 +165,9 @@ class Trainer {
   // For --plan: every step's time and the largest model-state and activation high-water
   // marks over the ranks (MiB).
   std::vector<double> step_s_;
-  std::vector<plan::CpuCosts> plan_costs_;  // rank 0: plan_sample's measurements
+  std::vector<plan::CpuCosts> plan_costs_;         // rank 0: plan_sample's measurements
+  std::vector<double> plan_link_gbps_;             // plan_sample's link measurements (every rank)
+  std::shared_ptr<comm::Communicator> plan_link_;  // the world on the default rings
   double state_peak_max_mb_ = 0, act_peak_max_mb_ = 0;
 };
 
