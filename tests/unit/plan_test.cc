@@ -208,6 +208,32 @@ TEST(Plan, Zero3GathersHideBehindTheCompute) {
   EXPECT_NEAR(fast.zero_comm, gathers_fast / (g.n_layer + 1), 1e-9 * gathers_fast);
 }
 
+// On CPUs (loom) each unit's gradients are reduced during the last microbatch's backward of
+// the units below it: the exposed reduction is what it takes beyond that backward (2/3 of
+// the compute over M), or the last unit's share when it fits.
+TEST(Plan, CpuGradientReductionOverlapsTheLastBackward) {
+  const model::GptConfig g = model::GptConfig::named("small");
+  ModelShape m;
+  m.layers = g.n_layer, m.hidden = g.n_embd, m.heads = g.n_head;
+  m.vocab = g.padded_vocab_size, m.max_seq = g.block_size, m.seq = 64;
+  Cluster c;
+  c.per_node = 2;
+  c.device = cpu_device(1);
+  Layout l;
+  l.dp = 2, l.zero = 0, l.micro_batch = 1, l.microbatches = 4;
+  auto at = [&](double gbps) {
+    CpuCosts k;
+    k.block_s = k.block_busy_s = 1e-3, k.ends_s = k.ends_busy_s = 2e-3;
+    k.adamw_params_per_s = 1e8, k.shm_alpha_us = 0, k.shm_gbps = gbps;
+    return predict(m, c, l, 8, &k);
+  };
+  const Prediction fast = at(1000), slow = at(0.01), slower = at(0.005);
+  const double all_slow = slower.dp_comm - slow.dp_comm;  // the whole reduction at 0.01
+  EXPECT_NEAR(slow.dp_comm, all_slow - 2.0 / 3.0 * slow.compute / 4, 1e-9 * all_slow);
+  const double all_fast = all_slow * 0.01 / 1000;
+  EXPECT_NEAR(fast.dp_comm, all_fast / (g.n_layer + 1), 1e-9 * all_fast);
+}
+
 TEST(Plan, LlmcGpt2SmallOn8A100) {
   ModelShape m = gpt(12, 768, 12, 1024, 50304);
   m.name = "gpt2-124m", m.flash_attention = true, m.dropout = false, m.fused_elementwise = true;

@@ -409,7 +409,10 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   // updated parameters. ZeRO-3 gathers a unit at each use, in every microbatch's forward and
   // backward — the tied embedding twice each on a stage that also runs the head — and
   // reduce-scatters its gradient.
-  double psi_max = *std::max_element(stage_params.begin(), stage_params.end());
+  const auto biggest = std::max_element(stage_params.begin(), stage_params.end());
+  const double psi_max = *biggest;
+  const int big = static_cast<int>(biggest - stage_params.begin());  // its units, below
+  const int dp_units = stage_layers[big] + (stage_embed[big] || stage_head[big]);
   double z3_params = 0;  // parameters moved per microbatch, the busiest stage
   int z3_units = 1;      // and the units it gathers them in
   for (int st = 0; st < P; ++st) {
@@ -456,6 +459,15 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
     // gather is in flight while the unit before it computes, so what stays on the step's
     // path is each pass's first gather, or what the gathers take beyond the compute.
     if (l.zero == 3) p.zero_comm = std::max(p.zero_comm / z3_units, p.zero_comm - p.compute);
+    // On CPUs the prediction is loom's, which reduces each unit's gradients as soon as they
+    // are final (in the last microbatch's backward; ZeRO-3: in every microbatch's) while the
+    // units below it run their backward: what stays on the path is the last unit's share, or
+    // what the reductions take beyond that backward (2/3 of the compute). The GPU terms are
+    // the published systems', which reduce after the backward (Megatron-LM 2021).
+    if (d.cpu) {
+      const double backward = 2.0 / 3.0 * p.compute / (l.zero == 3 ? 1 : M);
+      p.dp_comm = std::max(p.dp_comm / dp_units, p.dp_comm - backward);
+    }
   }
   const double opt_params = l.zero >= 1 && S > 1 ? psi_max / S : psi_max;
   p.optimizer_s = d.cpu ? opt_params / cpu->adamw_params_per_s
