@@ -29,13 +29,18 @@ def parse_size(s):  # 64K, 1M, 256M
     return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
 
 
-def loom_times(binary, n, a):
+def loom_rows(binary, n, a, env=None):
+    """`loom bench`'s allgather over a.min..a.max (x4): {(bytes, in place): median µs}."""
     out = subprocess.run([binary, "bench", "--np", str(n), "--op", "allgather", "--min",
                           str(a.min), "--max", str(a.max), "--factor", "4", "--iters",
                           str(a.iters), "--json", "-"], check=True, capture_output=True,
-                         text=True).stdout
+                         text=True, env=env).stdout
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return {r["bytes"]: r["time_us"] for r in rows if not r["inplace"]}
+    return {(r["bytes"], r["inplace"]): r["time_us"] for r in rows}
+
+
+def loom_times(binary, n, a):  # out of place: {bytes: µs}
+    return {b: t for (b, inplace), t in loom_rows(binary, n, a).items() if not inplace}
 
 
 def mpi_times(mpi_bench, n, a):

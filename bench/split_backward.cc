@@ -60,28 +60,30 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < repeats + 1; ++rep) {
     const bool timed = rep > 0;  // the first repeat sizes the buffers
     loom::Trace::get().enable(timed);
-    for (const char* how : {"BW", "B+W"}) {
+    for (const std::string how : {"BW", "B+W"}) {
+      const bool whole = how == "BW";
       gpt.forward_units(a, 0, last, tokens.data(), nullptr, B, T, nullptr);
       gpt.zero_grad();
-      auto between = [&] {
+      auto between = [&] {  // another microbatch's forward, untimed
         if (gap) gpt.forward_units(other, 0, last, tokens.data(), nullptr, B, T, nullptr);
       };
-      if (how[1] == 'W') between();
-      auto t0 = std::chrono::steady_clock::now();
-      if (how[1] == 'W') {
+      if (whole) {
+        between();
+        const auto t0 = std::chrono::steady_clock::now();
         gpt.backward_units(a, 1.0f, dout.data(), BackwardPart::kWhole);
         if (timed) t["BW"].push_back(ms_since(t0));
       } else {
+        const auto t0 = std::chrono::steady_clock::now();
         gpt.backward_units(a, 1.0f, dout.data(), BackwardPart::kInput);
         const double b = ms_since(t0);
         between();
-        auto t1 = std::chrono::steady_clock::now();
+        const auto t1 = std::chrono::steady_clock::now();
         gpt.backward_units(a, 1.0f, nullptr, BackwardPart::kWeight);
         if (timed) t["B"].push_back(b), t["W"].push_back(ms_since(t1));
       }
       for (const auto& e : loom::Trace::get().take())
         if (e.ph == 'X' && std::string(e.cat) == "kernel")
-          products[std::string(how) + " " + e.name] += e.dur_us / 1e3;
+          products[how + " " + e.name] += e.dur_us / 1e3;
     }
     if (timed)
       std::printf("{\"rep\":%d,\"bw_ms\":%.2f,\"b_ms\":%.2f,\"w_ms\":%.2f}\n", rep, t["BW"].back(),

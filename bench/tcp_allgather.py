@@ -24,17 +24,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from bench_out import size  # noqa: E402
-from heap_allgather import parse_size  # noqa: E402
-
-
-def loom_times(binary, a):
-    env = dict(os.environ, LOOM_TRANSPORT="tcp")
-    out = subprocess.run([binary, "bench", "--np", "2", "--op", "allgather", "--min",
-                          str(a.min), "--max", str(a.max), "--factor", "4", "--iters",
-                          str(a.iters), "--json", "-"], check=True, capture_output=True,
-                         text=True, env=env).stdout
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return {(r["bytes"], r["inplace"]): r["time_us"] for r in rows}
+from heap_allgather import loom_rows, parse_size  # noqa: E402
 
 
 def stream_gbps(binary, span):
@@ -64,10 +54,11 @@ def main():
         sizes.append(s)
         s *= 4
     runs = [("new", a.loom)] + ([("old", a.old)] if a.old else [])
+    tcp = dict(os.environ, LOOM_TRANSPORT="tcp")
     got = {}  # key -> [value per round]
     for _ in range(a.rounds):
         for who, binary in runs:
-            for k, t in loom_times(binary, a).items():
+            for k, t in loom_rows(binary, 2, a, tcp).items():
                 got.setdefault((who,) + k, []).append(t)
         got.setdefault(("cached",), []).append(stream_gbps(stream, 0))
         for b in sizes:

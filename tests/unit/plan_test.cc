@@ -175,11 +175,9 @@ TEST(Plan, CpuBf16CopiesAndMasterOffloadCountTheModelsTensors) {
   }
 }
 
-// ZeRO-3 prefetches: each unit's gather runs while the unit before it computes, so a
-// gather-bound step pays only what the gathers take beyond the compute, and a compute-bound
-// one only each pass's first gather (a unit's share). Without prefetch (the model before)
-// the exposed time was every gather.
-TEST(Plan, Zero3GathersHideBehindTheCompute) {
+// `small` on 2 CPU ranks of data parallelism with `zero`, 4 microbatches of one sequence,
+// its block and ends costs fixed and the link at `gbps` (no latency).
+Prediction small_dp2(int zero, double gbps) {
   const model::GptConfig g = model::GptConfig::named("small");
   ModelShape m;
   m.layers = g.n_layer, m.hidden = g.n_embd, m.heads = g.n_head;
@@ -188,14 +186,21 @@ TEST(Plan, Zero3GathersHideBehindTheCompute) {
   c.per_node = 2;
   c.device = cpu_device(1);
   Layout l;
-  l.dp = 2, l.zero = 3, l.micro_batch = 1, l.microbatches = 4;
-  auto at = [&](double gbps) {
-    CpuCosts k;
-    k.block_s = k.block_busy_s = 1e-3, k.ends_s = k.ends_busy_s = 2e-3;
-    k.adamw_params_per_s = 1e8, k.shm_alpha_us = 0, k.shm_gbps = gbps;
-    return predict(m, c, l, 8, &k);
-  };
-  const Prediction fast = at(1000), slow = at(0.01), slower = at(0.005);
+  l.dp = 2, l.zero = zero, l.micro_batch = 1, l.microbatches = 4;
+  CpuCosts k;
+  k.block_s = k.block_busy_s = 1e-3, k.ends_s = k.ends_busy_s = 2e-3;
+  k.adamw_params_per_s = 1e8, k.shm_alpha_us = 0, k.shm_gbps = gbps;
+  return predict(m, c, l, 8, &k);
+}
+
+// ZeRO-3 prefetches: each unit's gather runs while the unit before it computes, so a
+// gather-bound step pays only what the gathers take beyond the compute, and a compute-bound
+// one only each pass's first gather (a unit's share). Without prefetch (the model before)
+// the exposed time was every gather.
+TEST(Plan, Zero3GathersHideBehindTheCompute) {
+  const int units = model::GptConfig::named("small").n_layer + 1;
+  const Prediction fast = small_dp2(3, 1000), slow = small_dp2(3, 0.01),
+                   slower = small_dp2(3, 0.005);
   ASSERT_GT(slow.zero_comm, 0.0);
   // Gather-bound: the exposed part grows by all of the gathers' extra time.
   const double gathers_slow = slower.zero_comm - slow.zero_comm;  // = all gathers at 0.01
@@ -205,33 +210,20 @@ TEST(Plan, Zero3GathersHideBehindTheCompute) {
   // head's weights too): a seventh of all of them at this link.
   const double gathers_fast = gathers_slow * 0.01 / 1000;
   EXPECT_LT(gathers_fast, fast.compute);
-  EXPECT_NEAR(fast.zero_comm, gathers_fast / (g.n_layer + 1), 1e-9 * gathers_fast);
+  EXPECT_NEAR(fast.zero_comm, gathers_fast / units, 1e-9 * gathers_fast);
 }
 
 // On CPUs (loom) each unit's gradients are reduced during the last microbatch's backward of
 // the units below it: the exposed reduction is what it takes beyond that backward (2/3 of
 // the compute over M), or the last unit's share when it fits.
 TEST(Plan, CpuGradientReductionOverlapsTheLastBackward) {
-  const model::GptConfig g = model::GptConfig::named("small");
-  ModelShape m;
-  m.layers = g.n_layer, m.hidden = g.n_embd, m.heads = g.n_head;
-  m.vocab = g.padded_vocab_size, m.max_seq = g.block_size, m.seq = 64;
-  Cluster c;
-  c.per_node = 2;
-  c.device = cpu_device(1);
-  Layout l;
-  l.dp = 2, l.zero = 0, l.micro_batch = 1, l.microbatches = 4;
-  auto at = [&](double gbps) {
-    CpuCosts k;
-    k.block_s = k.block_busy_s = 1e-3, k.ends_s = k.ends_busy_s = 2e-3;
-    k.adamw_params_per_s = 1e8, k.shm_alpha_us = 0, k.shm_gbps = gbps;
-    return predict(m, c, l, 8, &k);
-  };
-  const Prediction fast = at(1000), slow = at(0.01), slower = at(0.005);
+  const int units = model::GptConfig::named("small").n_layer + 1;
+  const Prediction fast = small_dp2(0, 1000), slow = small_dp2(0, 0.01),
+                   slower = small_dp2(0, 0.005);
   const double all_slow = slower.dp_comm - slow.dp_comm;  // the whole reduction at 0.01
   EXPECT_NEAR(slow.dp_comm, all_slow - 2.0 / 3.0 * slow.compute / 4, 1e-9 * all_slow);
   const double all_fast = all_slow * 0.01 / 1000;
-  EXPECT_NEAR(fast.dp_comm, all_fast / (g.n_layer + 1), 1e-9 * all_fast);
+  EXPECT_NEAR(fast.dp_comm, all_fast / units, 1e-9 * all_fast);
 }
 
 TEST(Plan, LlmcGpt2SmallOn8A100) {

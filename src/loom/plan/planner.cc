@@ -409,17 +409,17 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
   // updated parameters. ZeRO-3 gathers a unit at each use, in every microbatch's forward and
   // backward — the tied embedding twice each on a stage that also runs the head — and
   // reduce-scatters its gradient.
+  // A stage's units: its blocks and, if it has the embedding or the head, their one unit.
+  auto units_of = [&](int st) { return stage_layers[st] + (stage_embed[st] || stage_head[st]); };
   const auto biggest = std::max_element(stage_params.begin(), stage_params.end());
   const double psi_max = *biggest;
-  const int big = static_cast<int>(biggest - stage_params.begin());  // its units, below
-  const int dp_units = stage_layers[big] + (stage_embed[big] || stage_head[big]);
+  const int dp_units = units_of(static_cast<int>(biggest - stage_params.begin()));
   double z3_params = 0;  // parameters moved per microbatch, the busiest stage
   int z3_units = 1;      // and the units it gathers them in
   for (int st = 0; st < P; ++st) {
     double moved = 3 * stage_params[st];
     if (stage_head[st] && stage_embed[st]) moved += 2 * units[0];
-    if (moved > z3_params)
-      z3_params = moved, z3_units = stage_layers[st] + (stage_embed[st] || stage_head[st]);
+    if (moved > z3_params) z3_params = moved, z3_units = units_of(st);
   }
   const double gbytes = psi_max * value_bytes;
   const bool cross = c.nodes > 1;
