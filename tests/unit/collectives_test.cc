@@ -91,6 +91,35 @@ TEST(ShmFutex, AWaitingRankSleepsAndIsWoken) {
   EXPECT_GT(comm::ShmPair::futex_wakes(), woken);
 }
 
+// Oversubscription counts the CPUs the host's ranks may use together, not one rank's mask:
+// with each rank bound to its own CPU (as LOOM_BIND=cores, Slurm's --cpu-bind or mpirun
+// --bind-to core leave them), as many ranks as CPUs are not oversubscribed; one more is.
+TEST(Topology, RanksBoundToTheirOwnCpusAreNotOversubscribed) {
+  const std::vector<int> cpus = cpus_allowed();
+  const int n = static_cast<int>(cpus.size());
+  if (n < 2) GTEST_SKIP() << "needs 2 CPUs";
+  EXPECT_EQ(parse_cpu_list(format_cpu_list(cpus)), cpus);
+  for (int ranks : {n, n + 1}) {
+    auto store = std::make_shared<comm::MemoryStore>();
+    std::vector<int> oversubscribed(ranks, -1);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r)
+      threads.emplace_back([&, r] {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpus[r % n], &one);
+        ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+        auto c = comm::Communicator::create(
+            store, r, ranks, config_for(Layout::kShm, r, "bound" + std::to_string(ranks)));
+        oversubscribed[r] = c->topology().oversubscribed;
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < ranks; ++r)
+      EXPECT_EQ(oversubscribed[r], ranks > n ? 1 : 0)
+          << ranks << " ranks on " << n << " CPUs, rank " << r;
+  }
+}
+
 // Single copy between thread ranks: every collective message is read in place from the
 // sender's buffer (plain loads: the ranks share an address space).
 TEST(ReadInPlace, ThreadRanksOverSharedMemory) {

@@ -10,6 +10,7 @@
 
 #include "loom/comm/reduce.h"
 #include "loom/comm/tuning.h"
+#include "loom/core/cpus.h"
 #include "loom/core/dtype.h"
 #include "loom/core/error.h"
 #include "loom/core/tunable.h"
@@ -68,6 +69,14 @@ TEST(Reduce, EveryDtypeAndOpAgainstScalars) {
     comm::reduce_into(a.data(), a.data(), b.data(), n, t, ReduceOp::kSum);
     for (size_t i = 0; i < n; ++i) EXPECT_EQ(get(a, i), double(i % 11) + double((i * 7) % 5));
   }
+}
+
+TEST(Cpus, ListsFormatAsRangesAndParseBack) {
+  EXPECT_EQ(format_cpu_list({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  EXPECT_EQ(parse_cpu_list("0-3,8,10-11"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(format_cpu_list({}), "");
+  for (const char* bad : {"", "x", "3-1", "1-", "-1", "1,,2", "2-3x", "99999"})
+    EXPECT_TRUE(parse_cpu_list(bad).empty()) << bad;
 }
 
 TEST(Tunables, BytesParseAndErrors) {

@@ -14,7 +14,8 @@ struct Topology {
   std::vector<std::vector<int>> hosts;  // host index -> its ranks, ascending
   std::vector<bool> shm_with;           // (filled per rank) peer reachable by shm
   bool force_tcp = false;               // LOOM_TRANSPORT=tcp
-  bool oversubscribed = false;          // more ranks on this host than cores
+  bool oversubscribed = false;          // more ranks on this host than its ranks' CPUs
+  std::vector<std::vector<int>> cpus;   // rank -> the CPUs it may run on (as it published them)
 
   int nhosts() const { return static_cast<int>(hosts.size()); }
   int max_local() const;

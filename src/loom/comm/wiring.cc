@@ -19,6 +19,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -72,10 +73,12 @@ struct PeerInfo {
   int pid = 0;
   std::string addr;
   uint16_t port = 0;
+  std::string cpus;  // the rank's affinity mask ("0-3,8"), to count the CPUs its host's ranks have
 };
 
 std::string encode_peer(const PeerInfo& p) {
-  return p.host_id + "\t" + std::to_string(p.pid) + "\t" + p.addr + "\t" + std::to_string(p.port);
+  return p.host_id + "\t" + std::to_string(p.pid) + "\t" + p.addr + "\t" + std::to_string(p.port) +
+         "\t" + p.cpus;
 }
 
 PeerInfo decode_peer(const std::string& s) {
@@ -86,6 +89,7 @@ PeerInfo decode_peer(const std::string& s) {
   std::getline(is, pid, '\t');
   std::getline(is, p.addr, '\t');
   std::getline(is, port, '\t');
+  std::getline(is, p.cpus, '\t');
   p.pid = std::atoi(pid.c_str());
   p.port = static_cast<uint16_t>(std::atoi(port.c_str()));
   return p;
@@ -120,7 +124,20 @@ Topology make_topology(const std::vector<PeerInfo>& peers, int rank, bool force_
   t.shm_with.resize(size);
   for (int q = 0; q < size; ++q)
     t.shm_with[q] = q != rank && !force_tcp && t.host_of[q] == t.host_of[rank];
-  t.oversubscribed = static_cast<int>(t.local(rank).size()) > cpus_available();
+  // Oversubscribed: more ranks on this host than the CPUs they may run on together. Why the
+  // union of their masks and not this rank's: a launcher that binds each rank to its own
+  // cores (LOOM_BIND=cores, Slurm's --cpu-bind, mpirun --bind-to core) leaves every rank one
+  // CPU, and 2 ranks bound to 2 cores were called oversubscribed (no spinning: the 8 MiB
+  // allreduce 0.8 -> 4 ms).
+  for (const PeerInfo& p : peers) t.cpus.push_back(parse_cpu_list(p.cpus));
+  std::set<int> cpus;
+  bool known = true;
+  for (int q : t.local(rank)) {
+    known = known && !t.cpus[q].empty();
+    cpus.insert(t.cpus[q].begin(), t.cpus[q].end());
+  }
+  const int host_cpus = known ? static_cast<int>(cpus.size()) : cpus_available();
+  t.oversubscribed = static_cast<int>(t.local(rank).size()) > host_cpus;
   return t;
 }
 
@@ -253,7 +270,7 @@ void Communicator::connect(Deadline deadline) {
   if (listen_host.empty()) listen_host = "127.0.0.1";
   net::Fd listener = net::listen_on(listen_host, 0);
   const PeerInfo me{cfg_.host_id, static_cast<int>(::getpid()), listen_host,
-                    net::local_address(listener.get()).port};
+                    net::local_address(listener.get()).port, format_cpu_list(cpus_allowed())};
   const std::vector<PeerInfo> peers = exchange_peers(*store_, rank_, size_, me, deadline);
   topo_ = make_topology(peers, rank_, cfg_.transport == "tcp");
   wait_policy_.spin_us = topo_.oversubscribed ? 0 : kSpin.get();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "loom/comm/tuning.h"
+#include "loom/core/cpus.h"
 #include "loom/core/state_memory.h"
 #include "loom/core/stats.h"
 #include "loom/kernels/cpu/gemm.h"
@@ -76,11 +77,12 @@ std::pair<double, double> step_seconds(const CpuShape& s, int repeats) {
 }
 
 // Runs measure(i) for i < copies at once, copy 0 on the calling thread and the others on
-// threads of their own, each with `threads` OpenMP threads and its memory in an account of
-// its own (not the caller's model state: core/state_memory.h).
+// threads of their own (on cpus[i] where given), each with `threads` OpenMP threads and its
+// memory in an account of its own (not the caller's model state: core/state_memory.h).
 template <typename Fn>
-void at_once(int copies, int threads, Fn measure) {
+void at_once(int copies, int threads, const std::vector<std::vector<int>>& cpus, Fn measure) {
   auto one = [&](int i) {
+    if (i > 0 && i < static_cast<int>(cpus.size()) && !cpus[i].empty()) set_thread_cpus(cpus[i]);
     StateMemory scratch;
     StateMemory::Scope scope(scratch);
     omp_set_num_threads(threads);
@@ -93,9 +95,10 @@ void at_once(int copies, int threads, Fn measure) {
 }
 
 // (block, ends) seconds measured by `copies` threads at once; the slowest copy's.
-std::pair<double, double> block_and_ends(const CpuShape& shape, int copies, int repeats) {
+std::pair<double, double> block_and_ends(const CpuShape& shape, int copies, int repeats,
+                                         const std::vector<std::vector<int>>& cpus) {
   std::vector<std::pair<double, double>> got(copies);
-  at_once(copies, shape.threads, [&](int i) { got[i] = step_seconds(shape, repeats); });
+  at_once(copies, shape.threads, cpus, [&](int i) { got[i] = step_seconds(shape, repeats); });
   std::pair<double, double> worst = got[0];
   for (const auto& [b, e] : got) worst = {std::max(worst.first, b), std::max(worst.second, e)};
   return worst;
@@ -104,10 +107,11 @@ std::pair<double, double> block_and_ends(const CpuShape& shape, int copies, int 
 // AdamW's rate (parameters per second) with `copies` optimizers stepping at once, each on
 // its own 4 M parameters: every rank of a machine steps its optimizer at the same moment
 // (after the step's reductions), sharing the memory bandwidth. The slowest copy's median.
-double adamw_params_per_s(int threads, int copies, int repeats) {
+double adamw_params_per_s(int threads, int copies, int repeats,
+                          const std::vector<std::vector<int>>& cpus) {
   const size_t n = size_t{4} << 20;
   std::vector<double> worst(copies);
-  at_once(copies, threads, [&](int i) {
+  at_once(copies, threads, cpus, [&](int i) {
     optim::AdamW adam({{0, n, true}}, 0, n);
     std::vector<float> p(n, 0.01f), g(n, 0.001f);
     std::vector<double> times;
@@ -123,11 +127,13 @@ double adamw_params_per_s(int threads, int copies, int repeats) {
 
 }  // namespace
 
-CpuCosts measure_cpu(const CpuShape& shape, int ranks, int repeats) {
+CpuCosts measure_cpu(const CpuShape& shape, int ranks, int repeats,
+                     const std::vector<std::vector<int>>& copy_cpus) {
   CpuCosts c;
-  std::tie(c.block_s, c.ends_s) = block_and_ends(shape, 1, repeats);
-  std::tie(c.block_busy_s, c.ends_busy_s) = block_and_ends(shape, std::max(ranks, 1), repeats);
-  c.adamw_params_per_s = adamw_params_per_s(shape.threads, std::max(ranks, 1), repeats);
+  std::tie(c.block_s, c.ends_s) = block_and_ends(shape, 1, repeats, copy_cpus);
+  std::tie(c.block_busy_s, c.ends_busy_s) =
+      block_and_ends(shape, std::max(ranks, 1), repeats, copy_cpus);
+  c.adamw_params_per_s = adamw_params_per_s(shape.threads, std::max(ranks, 1), repeats, copy_cpus);
   const comm::CostModel cm = comm::CostModel::from_env();
   c.shm_alpha_us = cm.shm.alpha_us, c.shm_gbps = cm.shm.gbps;
   return c;

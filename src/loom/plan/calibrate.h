@@ -24,8 +24,11 @@ struct CpuShape {
 
 // `ranks` = the ranks that share the machine: the busy costs and AdamW's rate run that many
 // copies at once (threads, each with `threads` OpenMP threads), the plain ones one copy
-// alone.
-CpuCosts measure_cpu(const CpuShape& shape, int ranks, int repeats = 3);
+// alone. `copy_cpus[i]`, where given, are the CPUs copy i runs on (the machine's ranks'
+// affinity masks, from the communicator's topology: with each rank bound to its own cores,
+// copies left on the caller's would share them); copy 0 runs on the calling thread as it is.
+CpuCosts measure_cpu(const CpuShape& shape, int ranks, int repeats = 3,
+                     const std::vector<std::vector<int>>& copy_cpus = {});
 
 // The CPU as a device: the machine's memory shared by `ranks_per_node` (its times come from
 // measure_cpu, so no peak is measured).

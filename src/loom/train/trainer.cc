@@ -958,10 +958,13 @@ void Trainer::plan_sample() {
   if (rank_ == 0) {
     const int T = static_cast<int>(cfg_.seq_len);
     const int t = mesh_->tp();
+    // The copies run where this job's ranks do (each on its rank's CPUs when they are bound).
+    std::vector<std::vector<int>> cpus;
+    if (groups_.world) cpus = groups_.world->topology().cpus;
     plan_costs_.push_back(plan::measure_cpu(
         {model_cfg_, static_cast<int>(cfg_.micro_batch), T, t, cfg_.recompute_every() == 1,
          cfg_.sequence_parallel && t > 1, cfg_.dtype == "bf16", omp_get_max_threads()},
-        world_, 5));
+        world_, 5, cpus));
   }
   barrier();
   if (groups_.world) plan_link_gbps_.push_back(measure_link());
