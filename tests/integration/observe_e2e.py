@@ -326,10 +326,13 @@ def plan():
     for name, n, sets in layouts:
         p = trained(name, n, sets)
         pred, meas = p["predicted"], p["measured"]
+        # Model state: the planner's formulas are loom's buffers (every layout within 0.03%
+        # since this stop's mends); 2% leaves room for ZeRO-2/3's reductions landing early
+        # (fewer gradients in flight than the formula's most: 2 blocks' of ~44 MiB, 0.9%).
         err = (pred["state_mb"] - meas["state_mb"]) / meas["state_mb"]
-        if abs(err) > 0.10:
+        if abs(err) > 0.02:
             fail("%s: model state per rank %.2f MiB predicted, %.2f measured (%+.1f%%, more than "
-                 "10%%)" % (name, pred["state_mb"], meas["state_mb"], 100 * err))
+                 "2%%)" % (name, pred["state_mb"], meas["state_mb"], 100 * err))
         # Step time (issue 35 item 4): every layout within 20%. On 2 shared cores the host's
         # state moves a run's measurement by 10-40% for seconds at a time (docs/perf-history.md,
         # "The planner"), so a layout that misses is trained once more, printed as such, and
@@ -343,7 +346,7 @@ def plan():
                      "row (target 20%%)" % (name, p["predicted"]["step_ms"],
                                             p["measured"]["step_ms"], 100 * p["error"]["step"]))
         step_errors.append(p["error"]["step"])
-    print("ok  model state per rank within 10%% of the measured high-water mark on %d layouts" %
+    print("ok  model state per rank within 2%% of the measured high-water mark on %d layouts" %
           len(layouts))
     typical = sorted(abs(e) for e in step_errors)[len(step_errors) // 2]
     largest = max(abs(e) for e in step_errors)

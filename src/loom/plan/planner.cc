@@ -376,14 +376,22 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
       // ZeRO 2 and 3 without a pipeline: full gradients in backward (docs/algorithms.md): the
       // embedding's from the tied head (the first use) to the lookup (the last), and a
       // block's from its use until its reduce-scatter lands - the block being computed and
-      // up to 2 in reduction, the most at once (fewer when reductions land early).
-      const double grads_in_flight = m.layers > 0 ? units[0] + 3 * units[1] : biggest_unit;
+      // up to 2 in reduction, the most at once (fewer when reductions land early; never more
+      // blocks than the model has).
+      const int blocks_in_flight = std::min(3, m.layers);
+      const double grads_in_flight =
+          m.layers > 0 ? units[0] + blocks_in_flight * units[1] : biggest_unit;
       if (l.zero == 2 && S > 1 && P == 1) buffers += 4 * grads_in_flight;
       if (l.zero == 3 && S > 1) {  // the gradients, and the gathered parameters, which the
         // shared gather (zero.shared_gather = auto) holds once per machine: 1/k on each of the
-        // k data-parallel ranks a machine holds (tensor, then pipeline ranks fill it first)
+        // k data-parallel ranks a machine holds (tensor, then pipeline ranks fill it first).
+        // Without a pipeline the gathers are prefetched and their buffers pooled: at the
+        // embedding's use (forward's end, the tied head) the last block in use, the one before
+        // it in the pool and the embedding prefetched - it and 2 blocks' buffers.
         const int k = std::clamp(c.per_node / std::max(1, t * P), 1, S);
-        buffers += 4 * (P == 1 ? grads_in_flight : biggest_unit) + 4 * biggest_unit / k;
+        const double gathered =
+            P == 1 && m.layers > 0 ? units[0] + std::min(2, m.layers) * units[1] : biggest_unit;
+        buffers += 4 * (P == 1 ? grads_in_flight : biggest_unit) + 4 * gathered / k;
       }
     } else {  // mixed precision: 2 + 2 + 12
       params = 2 * (l.zero == 3 ? shard : psi);
@@ -398,6 +406,7 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
     if (l.recompute) acts += layer_act;  // the recomputed layer's working buffers
     if (stage_head[st]) acts += head_act;
     const double mem = params + grads + opt + buffers + acts;
+    p.state_max = std::max(p.state_max, params + grads + opt + buffers);
     if (mem > worst_mem) {
       worst_mem = mem;
       p.params = params, p.grads = grads, p.optimizer = opt, p.buffers = buffers,

@@ -1038,7 +1038,7 @@ void Trainer::plan_check() {
   };
   nlohmann::json j = {{"layout", l.describe()},
                       {"predicted",
-                       {{"state_mb", p.state() / mib},
+                       {{"state_mb", p.state_max / mib},
                         {"activation_mb", p.activations / mib},
                         {"step_ms", p.step_s() * 1e3},
                         {"terms_ms",
@@ -1060,15 +1060,15 @@ void Trainer::plan_check() {
                         {"step_ms", measured_s * 1e3},
                         {"steps", steps.size()}}},
                       {"error",
-                       {{"state", err(p.state(), state_peak_max_mb_ * mib)},
+                       {{"state", err(p.state_max, state_peak_max_mb_ * mib)},
                         {"step", err(p.step_s(), measured_s)}}}};
   write_file_atomic(cfg_.run_dir + "/plan.json", j.dump(2) + "\n");
   std::printf(
       "loom: plan vs measured (%s): model state per rank %.2f MiB predicted, %.2f measured "
       "(%+.1f%%); step %.1f ms predicted, %.1f measured median (%+.1f%%); activations %.2f "
       "MiB predicted, %.2f measured\n",
-      l.describe().c_str(), p.state() / mib, state_peak_max_mb_,
-      100 * err(p.state(), state_peak_max_mb_ * mib), p.step_s() * 1e3, measured_s * 1e3,
+      l.describe().c_str(), p.state_max / mib, state_peak_max_mb_,
+      100 * err(p.state_max, state_peak_max_mb_ * mib), p.step_s() * 1e3, measured_s * 1e3,
       100 * err(p.step_s(), measured_s), p.activations / mib, act_peak_max_mb_);
 }
 
