@@ -343,8 +343,9 @@ def plan():
             again.append(name)
             if abs(p["error"]["step"]) > 0.20:
                 fail("%s: step time %.1f ms predicted, %.1f measured (%+.0f%%) in two runs in a "
-                     "row (target 20%%)" % (name, p["predicted"]["step_ms"],
-                                            p["measured"]["step_ms"], 100 * p["error"]["step"]))
+                     "row (target 20%%); the prediction's terms and measured costs (plan.json):"
+                     "\n%s" % (name, p["predicted"]["step_ms"], p["measured"]["step_ms"],
+                               100 * p["error"]["step"], json.dumps(p["predicted"], indent=1)))
         step_errors.append(p["error"]["step"])
     print("ok  model state per rank within 2%% of the measured high-water mark on %d layouts" %
           len(layouts))
