@@ -18,10 +18,10 @@ const loom::IntTunable kSharedMemory(
     "LOOM_TORCH_SHARED_MEMORY", 0,
     "1: at `import loom_torch`, CPU tensors' storage of LOOM_TORCH_SHARED_MIN bytes or more "
     "comes from loom's shared memory (loom_torch.use_shared_memory)");
-const loom::IntTunable kSharedMin("LOOM_TORCH_SHARED_MIN", 64 << 10,
-                                  "smallest tensor storage (bytes) put in shared memory");
-const loom::IntTunable kSharedCache("LOOM_TORCH_SHARED_CACHE", int64_t{1} << 30,
-                                    "freed shared storage (bytes) kept for reuse");
+const loom::BytesTunable kSharedMin("LOOM_TORCH_SHARED_MIN", 64 << 10,
+                                    "smallest tensor storage (bytes) put in shared memory");
+const loom::BytesTunable kSharedCache("LOOM_TORCH_SHARED_CACHE", int64_t{1} << 30,
+                                      "freed shared storage (bytes) kept for reuse");
 
 }  // namespace
 

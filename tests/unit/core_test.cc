@@ -85,6 +85,21 @@ TEST(Tunables, BytesParseAndErrors) {
   EXPECT_EQ(parse_bytes("1GiB", "x"), 1u << 30);
   EXPECT_THROW(parse_bytes("lots", "x"), UserError);
   EXPECT_THROW(parse_bytes("12Q", "x"), UserError);
+  EXPECT_THROW(parse_bytes("99999999999999999999999", "x"), UserError);
+  EXPECT_THROW(parse_bytes("17179869184G", "x"), UserError);  // 2^64 bytes
+  // A size tunable takes the same sizes, and names itself when it cannot read one.
+  static const BytesTunable kSize("LOOM_TEST_BYTES_TUNABLE", 1 << 20, "test");
+  EXPECT_EQ(kSize.get(), 1 << 20);
+  setenv("LOOM_TEST_BYTES_TUNABLE", "4M", 1);
+  EXPECT_EQ(kSize.get(), 4 << 20);
+  setenv("LOOM_TEST_BYTES_TUNABLE", "4 MiB", 1);
+  try {
+    kSize.get();
+    ADD_FAILURE() << "'4 MiB' should not parse";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("LOOM_TEST_BYTES_TUNABLE"), std::string::npos) << e.what();
+  }
+  unsetenv("LOOM_TEST_BYTES_TUNABLE");
   setenv("LOOM_TEST_INT_TUNABLE", "abc", 1);
   IntTunable t("LOOM_TEST_INT_TUNABLE", 3, "test");
   EXPECT_THROW(t.get(), UserError);

@@ -15,7 +15,7 @@
 namespace loom::comm {
 namespace {
 
-const IntTunable kStreamingMin(
+const BytesTunable kStreamingMin(
     "LOOM_STREAMING_COPY_MIN", 8 << 20,
     "a collective of at least this many bytes (allgather, alltoall: its whole output) writes "
     "its shared-memory receives, own block and out-of-place reductions into the output with "

@@ -19,10 +19,10 @@ const DoubleTunable kShmAlpha("LOOM_SHM_ALPHA_US", 0.4, "cost-model latency of o
 const DoubleTunable kShmGbps("LOOM_SHM_GBPS", 12.0, "cost-model bandwidth of shm, GB/s");
 const DoubleTunable kTcpAlpha("LOOM_TCP_ALPHA_US", 30.0, "cost-model latency of one TCP step, us");
 const DoubleTunable kTcpGbps("LOOM_TCP_GBPS", 1.7, "cost-model bandwidth of TCP, GB/s");
-const IntTunable kSharedAllreduceMin("LOOM_SHARED_ALLREDUCE_MIN", 1 << 20,
-                                     "allreduces of at least this many bytes on one machine use "
-                                     "the shared algorithm (0: never chosen on its own)");
-const IntTunable kSharedReduceScatterMin(
+const BytesTunable kSharedAllreduceMin("LOOM_SHARED_ALLREDUCE_MIN", 1 << 20,
+                                       "allreduces of at least this many bytes on one machine use "
+                                       "the shared algorithm (0: never chosen on its own)");
+const BytesTunable kSharedReduceScatterMin(
     "LOOM_SHARED_REDUCE_SCATTER_MIN", 1 << 20,
     "reduce-scatters of at least this many input bytes on one machine use the shared "
     "algorithm (0: never chosen on its own)");

@@ -1,6 +1,7 @@
 #include "loom/core/tunable.h"
 
 #include <cctype>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 
@@ -57,6 +58,19 @@ int64_t IntTunable::get() const {
   return (v && *v) ? detail::parse_int_env(env_, v) : default_;
 }
 
+BytesTunable::BytesTunable(const char* env, int64_t dflt, const char* help)
+    : env_(env), default_(dflt) {
+  detail::register_tunable({env, format_bytes(static_cast<uint64_t>(dflt)), help});
+}
+int64_t BytesTunable::get() const {
+  const char* v = std::getenv(env_);
+  if (!v || !*v) return default_;
+  const uint64_t b = parse_bytes(v, env_);
+  if (b > static_cast<uint64_t>(INT64_MAX))
+    throw UserError(std::string(env_) + "='" + v + "' is too large", "write a smaller size");
+  return static_cast<int64_t>(b);
+}
+
 DoubleTunable::DoubleTunable(const char* env, double dflt, const char* help)
     : env_(env), default_(dflt) {
   detail::register_tunable({env, std::to_string(dflt), help});
@@ -82,7 +96,7 @@ uint64_t parse_bytes(const std::string& text, const std::string& what) {
     return UserError(what + ": '" + text + "' is not a size",
                      "write a size like 4096, 64K, 64KiB, 16M or 1GiB");
   };
-  if (i == 0) throw bad();
+  if (i == 0 || i > 19) throw bad();  // 19 digits: below 2^64
   uint64_t v = std::stoull(text.substr(0, i));
   std::string unit = text.substr(i);
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -97,6 +111,7 @@ uint64_t parse_bytes(const std::string& text, const std::string& what) {
     mul = 1ull << 30;
   else
     throw bad();
+  if (v > UINT64_MAX / mul) throw bad();
   return v * mul;
 }
 

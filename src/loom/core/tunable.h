@@ -37,6 +37,18 @@ class IntTunable {
   int64_t default_;
 };
 
+// A size in bytes: "4096", "64K", "1MiB" (parse_bytes); listed with its unit.
+class BytesTunable {
+ public:
+  BytesTunable(const char* env, int64_t dflt, const char* help);
+  int64_t get() const;
+  const char* env() const { return env_; }
+
+ private:
+  const char* env_;
+  int64_t default_;
+};
+
 class DoubleTunable {
  public:
   DoubleTunable(const char* env, double dflt, const char* help);

@@ -32,16 +32,16 @@
 namespace loom::comm::algo {
 namespace {
 
-const IntTunable kPipelineChunk("LOOM_PIPELINE_CHUNK", 256 << 10,
-                                "chunk bytes for pipelined tree/chain broadcast and reduce");
-const IntTunable kSharedPiece("LOOM_SHARED_ALLREDUCE_PIECE", 64 << 10,
-                              "bytes the shared allreduce reduces before copying them out (and "
-                              "the shared reduce-scatter at a time)");
+const BytesTunable kPipelineChunk("LOOM_PIPELINE_CHUNK", 256 << 10,
+                                  "chunk bytes for pipelined tree/chain broadcast and reduce");
+const BytesTunable kSharedPiece("LOOM_SHARED_ALLREDUCE_PIECE", 64 << 10,
+                                "bytes the shared allreduce reduces before copying them out (and "
+                                "the shared reduce-scatter at a time)");
 std::atomic<uint64_t> g_fused{0};
 std::atomic<uint64_t> g_shared_read{0};
-const IntTunable kHierChunk("LOOM_HIER_CHUNK", 1 << 20,
-                            "chunk bytes of the hierarchical pipelines (allreduce, "
-                            "reduce_scatter: all blocks together)");
+const BytesTunable kHierChunk("LOOM_HIER_CHUNK", 1 << 20,
+                              "chunk bytes of the hierarchical pipelines (allreduce, "
+                              "reduce_scatter: all blocks together)");
 
 // Ring allreduce among `members` (ascending ranks); `me` is this rank's index in it.
 void ring_allreduce_members(Exec& x, const std::vector<int>& members, int me, const void* in,
@@ -98,7 +98,7 @@ void binomial_reduce_inplace(Exec& x, void* work, size_t bytes, int root) {
 
 namespace {
 // A byte-count tunable (at least 64) rounded down to whole elements, one at least.
-size_t whole_elements(const IntTunable& bytes, size_t esize) {
+size_t whole_elements(const BytesTunable& bytes, size_t esize) {
   const size_t c = static_cast<size_t>(std::max<int64_t>(bytes.get(), 64));
   return std::max(esize, c / esize * esize);
 }

@@ -14,8 +14,8 @@
 namespace loom::comm {
 namespace {
 
-const IntTunable kMaxStoreFrame("LOOM_STORE_MAX_FRAME", 16 << 20,
-                                "largest store message accepted, bytes; larger ones are refused");
+const BytesTunable kMaxStoreFrame("LOOM_STORE_MAX_FRAME", 16 << 20,
+                                  "largest store message accepted, bytes; larger ones are refused");
 
 constexpr double kHandshakeSeconds = 10.0;
 

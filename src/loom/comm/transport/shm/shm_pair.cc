@@ -24,24 +24,24 @@
 namespace loom::comm {
 namespace {
 
-const IntTunable kShmRing("LOOM_SHM_RING", 4 << 20,
-                          "bytes of each direction's shared-memory ring (power of two)");
-const IntTunable kShmChunk("LOOM_SHM_CHUNK", 128 << 10,
-                           "bytes a shared-memory sender writes before publishing them");
-const IntTunable kSingleCopy("LOOM_SHM_SINGLE_COPY", 0,
-                             "a collective's shared-memory message of at least this many bytes "
-                             "is read in place by its receiver (one copy); 0 = always the ring");
-const IntTunable kReadPiece("LOOM_SHM_READ_PIECE", 1 << 20,
-                            "bytes a single-copy receiver copies per step");
-const IntTunable kSharedMin("LOOM_SHM_SHARED_MIN", 64 << 10,
-                            "a collective's message of at least this many bytes sent from a "
-                            "shared buffer (alloc_shared) is read in place by its receiver; "
-                            "0 = always the ring");
+const BytesTunable kShmRing("LOOM_SHM_RING", 4 << 20,
+                            "bytes of each direction's shared-memory ring (power of two)");
+const BytesTunable kShmChunk("LOOM_SHM_CHUNK", 128 << 10,
+                             "bytes a shared-memory sender writes before publishing them");
+const BytesTunable kSingleCopy("LOOM_SHM_SINGLE_COPY", 0,
+                               "a collective's shared-memory message of at least this many bytes "
+                               "is read in place by its receiver (one copy); 0 = always the ring");
+const BytesTunable kReadPiece("LOOM_SHM_READ_PIECE", 1 << 20,
+                              "bytes a single-copy receiver copies per step");
+const BytesTunable kSharedMin("LOOM_SHM_SHARED_MIN", 64 << 10,
+                              "a collective's message of at least this many bytes sent from a "
+                              "shared buffer (alloc_shared) is read in place by its receiver; "
+                              "0 = always the ring");
 const IntTunable kShmFutex("LOOM_SHM_FUTEX", 0,
                            "1: a rank of an oversubscribed host that has waited "
                            "LOOM_FUTEX_AFTER_US for one shared-memory peer sleeps on a futex "
                            "the peer wakes (0: yields, then naps; not shown faster here: perf.md)");
-const IntTunable kSharedMinAllreduce(
+const BytesTunable kSharedMinAllreduce(
     "LOOM_SHM_SHARED_MIN_ALLREDUCE", 32 << 20,
     "the same for allreduce's messages (its reads in place lose to the ring below ~32 MiB "
     "messages on the development machine: docs/perf.md)");

@@ -19,17 +19,17 @@
 
 namespace loom::comm {
 namespace {
-const IntTunable kTcpStaging(
+const BytesTunable kTcpStaging(
     "LOOM_TCP_STAGING", 256 << 10,
     "bytes of the per-stream staging buffer for reducing receives over TCP");
-const IntTunable kTcpSockBuf(
+const BytesTunable kTcpSockBuf(
     "LOOM_TCP_SOCKBUF", 4 << 20,
     "SO_SNDBUF/SO_RCVBUF for transport sockets, bytes (0 = kernel default)");
 const IntTunable kTcpStreams("LOOM_TCP_STREAMS", 2, "TCP connections per pair of ranks (1..8)");
-const IntTunable kTcpStripe("LOOM_TCP_STRIPE", 512 << 10,
-                            "bytes of payload per stripe when a pair has several TCP streams");
+const BytesTunable kTcpStripe("LOOM_TCP_STRIPE", 512 << 10,
+                              "bytes of payload per stripe when a pair has several TCP streams");
 // Off by default: on 2 cores, 2 ranks' allgather gained nothing with it (docs/perf.md).
-const IntTunable kTcpSendThread(
+const BytesTunable kTcpSendThread(
     "LOOM_TCP_SEND_THREAD", 0,
     "payload bytes from which a pair's send thread writes a message while the engine "
     "receives (0 = never)");
