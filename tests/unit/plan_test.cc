@@ -226,6 +226,37 @@ TEST(Plan, CpuGradientReductionOverlapsTheLastBackward) {
   EXPECT_NEAR(fast.dp_comm, all_fast / units, 1e-9 * all_fast);
 }
 
+// --plan compares the largest model state and activations of any stage with the ranks'
+// largest high-water marks. In observe_e2e_plan's pipeline (tiny, pp 2, 8 microbatches of 2 x
+// 32) the fullest stage by memory is the first (its activations: the most microbatches in
+// flight), while the most state sits on the head's stage (the tied embedding's copy, its
+// gradient and moments, beside the blocks): the fullest stage's state was 49.19 MiB where the
+// ranks measured 50.71. Without a pipeline the two are the one stage's.
+TEST(Plan, LargestStateAndActivationsOfAnyStage) {
+  const model::GptConfig g = model::GptConfig::named("tiny");
+  ModelShape m;
+  m.layers = g.n_layer, m.hidden = g.n_embd, m.heads = g.n_head;
+  m.vocab = g.padded_vocab_size, m.max_seq = g.block_size, m.seq = 32;
+  Cluster c;
+  c.per_node = 2;
+  c.device = cpu_device(2);
+  CpuCosts k;
+  k.block_s = k.block_busy_s = 1e-3, k.ends_s = k.ends_busy_s = 4e-3;
+  k.adamw_params_per_s = 1e8, k.shm_alpha_us = 1, k.shm_gbps = 10;
+  Layout l;
+  l.pp = 2, l.micro_batch = 2, l.microbatches = 8;
+  const Prediction pp = predict(m, c, l, 16, &k);
+  const double psi = 4.0 * m.vocab * m.hidden;  // the tied embedding's fp32 weights (bytes)
+  EXPECT_GT(pp.state_max, pp.state()) << "the head's stage holds the most state";
+  EXPECT_GT(pp.state_max, 4 * psi) << "weights, gradients and both moments of the copy";
+  EXPECT_GE(pp.activations_max, pp.activations);
+  Layout one;  // data parallel: every stage is the whole model
+  one.dp = 2, one.micro_batch = 2, one.microbatches = 4;
+  const Prediction p1 = predict(m, c, one, 16, &k);
+  EXPECT_EQ(p1.state_max, p1.state());
+  EXPECT_EQ(p1.activations_max, p1.activations);
+}
+
 TEST(Plan, LlmcGpt2SmallOn8A100) {
   ModelShape m = gpt(12, 768, 12, 1024, 50304);
   m.name = "gpt2-124m", m.flash_attention = true, m.dropout = false, m.fused_elementwise = true;

@@ -407,6 +407,7 @@ Prediction predict(const ModelShape& m, const Cluster& c, const Layout& l, int g
     if (stage_head[st]) acts += head_act;
     const double mem = params + grads + opt + buffers + acts;
     p.state_max = std::max(p.state_max, params + grads + opt + buffers);
+    p.activations_max = std::max(p.activations_max, acts);
     if (mem > worst_mem) {
       worst_mem = mem;
       p.params = params, p.grads = grads, p.optimizer = opt, p.buffers = buffers,

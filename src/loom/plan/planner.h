@@ -98,10 +98,12 @@ struct Prediction {
   // bytes per rank (the fullest)
   double params = 0, grads = 0, optimizer = 0, buffers = 0, activations = 0;
   double state() const { return params + grads + optimizer + buffers; }
-  // The largest model state of any stage: state() is the fullest stage's (the most memory
-  // with activations), which in a pipeline can hold less state than the stage with the tied
-  // head (its embedding copy) - what `--plan` compares with the ranks' largest high-water mark.
-  double state_max = 0;
+  // The largest model state and the largest activations of any stage: state() and
+  // activations are the fullest stage's (the most memory of the two together), which in a
+  // pipeline can hold less state than the stage with the tied head (its embedding copy) and
+  // fewer activations than the first stage - what `--plan` compares with the ranks' largest
+  // high-water marks.
+  double state_max = 0, activations_max = 0;
   double memory() const { return state() + activations; }
   // seconds per step, by term (`loom plan --explain`): the forward and backward passes; the
   // recomputed forward (GPUs; on the CPU it is measured inside `compute`); the pipeline's

@@ -1039,7 +1039,7 @@ void Trainer::plan_check() {
   nlohmann::json j = {{"layout", l.describe()},
                       {"predicted",
                        {{"state_mb", p.state_max / mib},
-                        {"activation_mb", p.activations / mib},
+                        {"activation_mb", p.activations_max / mib},
                         {"step_ms", p.step_s() * 1e3},
                         {"terms_ms",
                          {{"compute", p.compute * 1e3},
@@ -1069,7 +1069,7 @@ void Trainer::plan_check() {
       "MiB predicted, %.2f measured\n",
       l.describe().c_str(), p.state_max / mib, state_peak_max_mb_,
       100 * err(p.state_max, state_peak_max_mb_ * mib), p.step_s() * 1e3, measured_s * 1e3,
-      100 * err(p.step_s(), measured_s), p.activations / mib, act_peak_max_mb_);
+      100 * err(p.step_s(), measured_s), p.activations_max / mib, act_peak_max_mb_);
 }
 
 int train(TrainConfig cfg, const TrainOptions& opt) {
