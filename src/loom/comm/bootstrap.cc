@@ -245,10 +245,11 @@ std::string store_url_from_env(const LaunchInfo& info) {
 }
 
 // LOOM_BIND=cores: local rank k of m gets cores [k*c, (k+1)*c) of the CPUs this process may
-// use, c = cpus/m, so the scheduler cannot put two ranks on one core. Off by default: on the
-// development VM binding 2 ranks to vCPUs 0 and 1 doubled small-message latency (8 B
-// allreduce 0.43 -> 0.9 us), while the rare co-location it prevents is already bounded by
-// the waiting ranks' short, time-limited spin (exec.cc).
+// use, c = cpus/m, so the scheduler cannot put two ranks on one core. Off by default: the
+// rare co-location it prevents is already bounded by the waiting ranks' short, time-limited
+// spin (exec.cc), and a launcher that binds (Slurm, mpirun) does it itself. (It once doubled
+// small-message latency, 8 B allreduce 0.43 -> 0.9 us: the topology then counted one CPU per
+// bound rank, called the host oversubscribed and stopped spinning; equal since, 0.58-0.69 us.)
 void bind_local_rank(const LaunchInfo& info) {
   std::string mode = kBind.get();
   if (mode != "cores" && mode != "none")
