@@ -17,6 +17,7 @@
 #include "loom/comm/net/socket.h"
 #include "loom/comm/store/tcp_store.h"
 #include "loom/core/checksum.h"
+#include "loom/core/cpus.h"
 #include "loom/core/error.h"
 #include "loom/core/hmac.h"
 #include "loom/core/log.h"
@@ -255,11 +256,7 @@ void bind_local_rank(const LaunchInfo& info) {
   if (mode != "cores" && mode != "none")
     throw UserError("LOOM_BIND='" + mode + "' is not a binding", "use cores or none");
   if (mode == "none") return;
-  cpu_set_t allowed;
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  const std::vector<int> cpus = cpus_allowed();
   const int m = info.local_size, k = info.local_rank;
   if (m < 1 || m > static_cast<int>(cpus.size()) || k < 0 || k >= m) return;
   const int per = static_cast<int>(cpus.size()) / m;
