@@ -9,7 +9,9 @@
     cores: oversubscribed);
   * activations each stage holds at most, per schedule;
   * with --balanced instead: the four schedules on `small` with more blocks (24 for pp 2, 32
-    for pp 4: the head is one stage's share), each stage's idle share next to the formula;
+    for pp 4: the head is one stage's share), each stage's idle share next to the formula
+    with unit costs and to the idle the schedule makes of the step's measured passes
+    (`pp_schedule_idle_ms`: it counts the stages' imbalance and F, B, W as they are);
   * with --head-split: each schedule also with pp.head_split = true (stage 0 runs
     the tied head for a share of each microbatch's rows), in the same rounds;
   * with --memory instead: pp 2, each schedule with and without activation offload
@@ -63,8 +65,14 @@ def loom(a, n, threads, *extra):
         # step less the passes, the optimizer and the data, over the passes — whatever kept
         # the stage from computing (a neighbour, a transfer, the end of the step).
         out["compute_ms"] = [med("compute_ms", r) for r in range(ranks)]
-        out["idle"] = [(step - c - med("optim_ms", r) - med("data_ms", r)) / c
-                       for r, c in enumerate(out["compute_ms"])]
+        # Shares are taken per step, then their median (a median of each field alone would
+        # mix the steps).
+        share = lambda f, r: statistics.median(f(m, r) / m["compute_ms"][r] for m in ms)  # noqa
+        out["idle"] = [share(lambda m, r: m["step_ms"] - m["compute_ms"][r] - m["optim_ms"][r] -
+                             m["data_ms"][r], r) for r in range(ranks)]
+        # The idle the schedule itself makes of each step's measured passes (transfers free).
+        out["schedule_idle"] = [share(lambda m, r: m["pp_schedule_idle_ms"][r], r)
+                                for r in range(ranks)]
         out["act_mb"] = ms[-1]["activation_mb"]
         out["rss_mb"] = ms[-1]["rss_peak_mb"]
         out["spilled_mb"] = sum(ms[-1].get("offload_mb", [0]))
@@ -107,18 +115,23 @@ def balanced(a):
           "idle share = (step - passes - optimizer - data) / passes, per stage\n" % (
               a.model, M, seq_len(a)))
     print("| pp | blocks | schedule | step ms | passes per stage (ms) | balance (max / min) | "
-          "idle share per stage, measured | formula | measured / formula (mean of stages) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "idle share per stage, measured | formula (unit costs) | measured / formula (mean of "
+          "stages) | the schedule with the measured passes, per stage | measured / that, per "
+          "stage |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for P, layers in ((2, a.layers2), (4, a.layers4)):
         for schedule, V in SCHEDULES:
             r = pipeline(a, P, schedule, V, "--set", "model.n_layer=%d" % layers)
             f = formula(schedule, P, M, V)
             c = r["compute_ms"]
-            print("| %d | %d | %s | %.0f | %s | %.3f | %s | %.3f | %.2f |" % (
+            print("| %d | %d | %s | %.0f | %s | %.3f | %s | %.3f | %.2f | %s | %s |" % (
                 P, layers, label(schedule, V), r["step_ms"],
                 " / ".join("%.0f" % x for x in c), max(c) / min(c),
                 " / ".join("%.3f" % x for x in r["idle"]), f,
-                statistics.mean(r["idle"]) / f), flush=True)
+                statistics.mean(r["idle"]) / f,
+                " / ".join("%.3f" % x for x in r["schedule_idle"]),
+                " / ".join("%.2f" % (x / y) for x, y in zip(r["idle"], r["schedule_idle"]))),
+                flush=True)
 
 
 def memory(a):

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -652,6 +653,46 @@ TEST(PipelineStage, ChunksReuseTheirOwnActivationBuffers) {
     EXPECT_GE(first[r], 2u) << "rank " << r << ": the first step sizes both chunks' buffers";
     EXPECT_EQ(later[r], 0u) << "rank " << r << ": buffer sets sized afresh after the first step";
   }
+}
+
+// last_step_schedule: every stage gets the same run of the schedule over the step's measured
+// passes (gathered from the group), each stage busy for its passes without their waits, and
+// no faster than the step itself ran — a run with free transfers cannot end later than one
+// with real ones, so the step's wall time bounds the simulated makespan from above.
+TEST(PipelineStage, TheScheduleOfTheMeasuredPassesBoundsTheStep) {
+  const model::GptConfig cfg = small_gpt(4, 64);
+  const int P = 2, M = 4, B = 1, T = 16, units = cfg.n_layer + 2;
+  std::vector<int> tokens, targets;
+  random_tokens(6, static_cast<size_t>(M) * B * T, tokens, targets);
+  std::vector<parallel::ScheduleTiming> timing(P);
+  std::vector<double> wall(P), waited(P);
+  run_ranks(P, Layout::kShm, "ppmeasured", [&](comm::Communicator& c) {
+    const parallel::Mesh mesh = parallel::Mesh::build(P, 1, P);
+    const parallel::ProcessGroups groups =
+        parallel::make_process_groups(c.shared_from_this(), mesh);
+    model::Gpt m(cfg, /*own_storage=*/false);
+    parallel::PipelineStage stage(m, groups.pp, parallel::split_units({3, 3}, units, P),
+                                  parallel::schedule_kind("zb-h1"), M);
+    parallel::DataParallel engine(m, groups, stage_options(stage, 0));
+    engine.init_weights(7);
+    engine.zero_grad();
+    c.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    stage.train_step(tokens.data(), targets.data(), B, T, 1.0f / M, &engine);
+    wall[c.rank()] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    waited[c.rank()] = stage.wait_s();
+    timing[c.rank()] = stage.last_step_schedule();
+  });
+  for (int r = 0; r < P; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(timing[r].busy, timing[0].busy);
+    EXPECT_EQ(timing[r].makespan, timing[0].makespan);
+    EXPECT_FALSE(timing[r].deadlock);
+    EXPECT_GT(timing[0].busy[r], 0.0);
+    EXPECT_LE(timing[0].busy[r], wall[r] - waited[r] + 1e-9);
+    EXPECT_NEAR(timing[0].idle[r], timing[0].makespan - timing[0].busy[r], 1e-12);
+  }
+  EXPECT_LE(timing[0].makespan, *std::max_element(wall.begin(), wall.end()));
 }
 
 // The replica check (StepComposer::check_replicas) over data-parallel ranks whose weights

@@ -96,6 +96,59 @@ TEST(PipelineSchedule, EveryShapeIsValidAndIdlesAsTheFormulaSays) {
   EXPECT_EQ(checked, 4 * 8 + 4 * 8 + (8 + 7 + 6 + 5) * 3 + 4 * 8);
 }
 
+// Each action's own cost (a step's measured passes): with F, B and W unequal the schedules
+// idle as their formulas in those costs say — 1F1B and GPipe (P-1)(F + BW) on every stage,
+// ZB-H1 (P-1)(F + B - W) on its first stage (Qi et al.: the W's of the last P-1 microbatches
+// fill the cool-down) — and a slower stage makes the others wait.
+TEST(PipelineSchedule, MeasuredCostsIdleAsTheFormulasInThoseCosts) {
+  const double F = 1.0, B = 1.3, W = 0.8;
+  auto pass_cost = [&](Pass pass) {
+    switch (pass) {
+      case Pass::kF:
+        return F;
+      case Pass::kB:
+        return B;
+      case Pass::kW:
+        return W;
+      default:
+        return B + W;  // BW
+    }
+  };
+  auto costs_of = [&](const std::vector<StageActions>& s, double slow_first = 1.0) {
+    ActionCosts c(s.size());
+    for (size_t p = 0; p < s.size(); ++p)
+      for (const PipelineAction& a : s[p])
+        c[p].push_back((p == 0 ? slow_first : 1.0) * pass_cost(a.pass));
+    return c;
+  };
+  for (int P = 2; P <= 4; ++P)
+    for (int M = P; M <= 8; ++M) {
+      SCOPED_TRACE("P " + std::to_string(P) + " M " + std::to_string(M));
+      for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+        const auto s = make_schedule(k, P, M);
+        const ScheduleTiming t = simulate_schedule(s, P, 1, costs_of(s));
+        for (int p = 0; p < P; ++p) {
+          EXPECT_NEAR(t.busy[p], M * (F + B + W), 1e-9);
+          EXPECT_NEAR(t.idle[p], (P - 1) * (F + B + W), 1e-9);
+        }
+      }
+      const auto z = make_schedule(ScheduleKind::kZeroBubbleH1, P, M);
+      const ScheduleTiming t = simulate_schedule(z, P, 1, costs_of(z));
+      EXPECT_NEAR(t.idle[0], (P - 1) * (F + B - W), 1e-9);
+      // The first stage 10% slower: it idles less, the step grows and the others wait for it.
+      const ScheduleTiming slow = simulate_schedule(z, P, 1, costs_of(z, 1.1));
+      EXPECT_LT(slow.idle[0], t.idle[0]);
+      EXPECT_GT(slow.makespan, t.makespan);
+      for (int p = 1; p < P; ++p) EXPECT_GT(slow.idle[p], t.idle[p]);
+    }
+  // The unit-cost run and the per-action run agree when the costs are the units.
+  const auto z = make_schedule(ScheduleKind::kZeroBubbleH1, 3, 6);
+  ActionCosts unit(3);
+  for (int p = 0; p < 3; ++p)
+    for (const PipelineAction& a : z[p]) unit[p].push_back(a.pass == Pass::kBW ? 2.0 : 1.0);
+  EXPECT_EQ(simulate_schedule(z, 3, 1, unit).idle, simulate_schedule(z, 3, 1).idle);
+}
+
 // pp.active_microbatches = A: every capped shape is valid, runs through, and no stage holds
 // more than A microbatches; GPipe's rounds idle (P-1)/A when A divides M; a cap at or
 // above the schedule's own peak changes nothing.

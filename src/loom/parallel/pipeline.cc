@@ -217,9 +217,22 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
   const size_t n = static_cast<size_t>(model_.rows(B, T)) * model_.config().n_embd;
   double loss = 0;
   const StageActions& list = schedule_[stage_];
+  action_s_.assign(list.size(), 0.0);
+  // Times action i, less what it waited for a neighbour, into action_s_[i].
+  struct ActionClock {
+    double& out;
+    const double& wait_s;
+    const double wait0 = wait_s;
+    const std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~ActionClock() {
+      out = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
+            (wait_s - wait0);
+    }
+  };
   if (hooks) hooks->step_begins(true);
   for (size_t i = 0; i < list.size(); ++i) {
     const PipelineAction& x = list[i];
+    const ActionClock clock{action_s_[i], wait_s_};
     const int v = x.chunk * P_ + stage_, key = x.microbatch * V_ + x.chunk;
     if (offload_) {
       sweep_retiring();
@@ -272,6 +285,20 @@ double PipelineStage::train_step(const int* tokens, const int* targets, int B, i
   wait_sends();
   if (hooks) hooks->step_ends();
   return loss;
+}
+
+ScheduleTiming PipelineStage::last_step_schedule() {
+  size_t longest = 0;
+  for (const StageActions& l : schedule_) longest = std::max(longest, l.size());
+  std::vector<double> mine(longest, 0.0), all(longest * P_);
+  std::copy(action_s_.begin(), action_s_.end(), mine.begin());
+  pp_->allgather(mine.data(), all.data(), longest, DType::kF64);
+  ActionCosts costs(P_);
+  for (int p = 0; p < P_; ++p) {
+    const auto first = all.begin() + static_cast<std::ptrdiff_t>(p * longest);
+    costs[p].assign(first, first + static_cast<std::ptrdiff_t>(schedule_[p].size()));
+  }
+  return simulate_schedule(schedule_, P_, V_, costs);
 }
 
 double PipelineStage::forward_only(const int* tokens, const int* targets, int B, int T,

@@ -89,6 +89,10 @@ class PipelineStage {
   // step's last sends), and the most bytes of activations held at once (a microbatch's
   // chunk is held from its F to its last backward part; buffers are recycled).
   double wait_s() const { return wait_s_; }
+  // Collective over the pipeline group: the schedule run with the last train_step's passes
+  // as every stage measured them (each action's time less its waits for a neighbour;
+  // simulate_schedule) — the idle the schedule itself makes of those passes, transfers free.
+  ScheduleTiming last_step_schedule();
   size_t peak_activation_bytes() const { return peak_bytes_; }
   size_t peak_block_activation_bytes() const { return peak_block_bytes_; }
   void reset_counters() {
@@ -126,9 +130,10 @@ class PipelineStage {
   std::vector<UnitRange> pieces_;
   int P_ = 1, V_ = 1, M_ = 1, stage_ = 0;
   std::vector<StageActions> schedule_;
-  std::vector<Link> links_;  // [kind][from][to], flattened; null comm where no link
-  int head_rows_ = 0;        // the head split's rows per microbatch on stage 0 (0: none)
-  model::HeadShare share_;   // the last stage's, for the action running
+  std::vector<Link> links_;       // [kind][from][to], flattened; null comm where no link
+  std::vector<double> action_s_;  // the last train_step's actions: seconds less waits
+  int head_rows_ = 0;             // the head split's rows per microbatch on stage 0 (0: none)
+  model::HeadShare share_;        // the last stage's, for the action running
   std::vector<std::vector<float>> head_grads_;  // stage 0: per microbatch, H's input gradient
   // [microbatch][chunk]: held activations; the pools keep released ones for reuse, so a
   // step allocates only as many as the schedule holds at once. One pool per chunk: chunks

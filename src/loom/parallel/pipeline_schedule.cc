@@ -281,13 +281,19 @@ namespace {
 // still valid (the run is its witness).
 ScheduleTiming run(const std::vector<StageActions>& s, int P, int V,
                    const std::vector<double>& forward_cost, HeadSplitCost head,
-                   StageActions* placed_list) {
+                   StageActions* placed_list, const ActionCosts* action_costs = nullptr) {
   const bool place = placed_list != nullptr;
   const int VS = P * V;
   LOOM_CHECK(forward_cost.empty() || static_cast<int>(forward_cost.size()) == VS);
-  auto cost = [&](Pass pass, int v) {
-    if (pass == Pass::kH) return head.head;
-    return (pass == Pass::kBW ? 2.0 : 1.0) * (forward_cost.empty() ? 1.0 / V : forward_cost[v]);
+  LOOM_CHECK(!action_costs || (!place && static_cast<int>(action_costs->size()) == P));
+  for (int p = 0; action_costs && p < P; ++p) LOOM_CHECK((*action_costs)[p].size() == s[p].size());
+  // The cost of action i of stage p.
+  auto cost = [&](int p, size_t i) {
+    if (action_costs) return (*action_costs)[p][i];
+    const PipelineAction& a = s[p][i];
+    if (a.pass == Pass::kH) return head.head;
+    const int v = a.chunk * P + p;
+    return (a.pass == Pass::kBW ? 2.0 : 1.0) * (forward_cost.empty() ? 1.0 / V : forward_cost[v]);
   };
   // When each (pass, microbatch, virtual stage) finished; B and BW count as "backward".
   std::map<std::tuple<int, int, int>, double> done;
@@ -330,12 +336,13 @@ ScheduleTiming run(const std::vector<StageActions>& s, int P, int V,
     if (a.pass == Pass::kH) ok = need(0, VS - 1, head.last_share);
     return ok ? ready : -1.0;
   };
-  auto execute = [&](int p, const PipelineAction& a, double at) {
+  // Runs `a` on stage p at `at`, for `seconds`.
+  auto execute = [&](int p, const PipelineAction& a, double at, double seconds) {
     const int v = a.pass == Pass::kH ? 0 : a.chunk * P + p;
-    const double end = at + cost(a.pass, v);
+    const double end = at + seconds;
     done[{pass_id(a.pass), a.microbatch, v}] = end;
     free_at[p] = end;
-    t.busy[p] += cost(a.pass, v);
+    t.busy[p] += seconds;
     if (a.pass == Pass::kF) t.peak_in_flight[p] = std::max(t.peak_in_flight[p], ++held[p]);
     if (a.pass == Pass::kBW || a.pass == Pass::kW) --held[p];
     if (place && p == 0) placed_list->push_back(a);
@@ -348,7 +355,7 @@ ScheduleTiming run(const std::vector<StageActions>& s, int P, int V,
       progress = false;
       for (int p = 0; p < P; ++p)
         for (double at; next[p] < s[p].size() && (at = start_of(p, s[p][next[p]])) >= 0;) {
-          execute(p, s[p][next[p]], at);
+          execute(p, s[p][next[p]], at, cost(p, next[p]));
           ++next[p], progress = true;
         }
     }
@@ -368,9 +375,10 @@ ScheduleTiming run(const std::vector<StageActions>& s, int P, int V,
       }
     }
     if (best_p < 0) break;  // deadlock
-    execute(best_p,
-            best_h ? PipelineAction{pending[placed++], 0, Pass::kH} : s[best_p][next[best_p]++],
-            best);
+    if (best_h)
+      execute(0, {pending[placed++], 0, Pass::kH}, best, head.head);
+    else
+      execute(best_p, s[best_p][next[best_p]], best, cost(best_p, next[best_p])), ++next[best_p];
   }
   t.deadlock = remaining > 0;
   for (int p = 0; p < P; ++p) t.makespan = std::max(t.makespan, free_at[p]);
@@ -385,6 +393,11 @@ ScheduleTiming run(const std::vector<StageActions>& s, int P, int V,
 ScheduleTiming simulate_schedule(const std::vector<StageActions>& s, int P, int V,
                                  const std::vector<double>& forward_cost, HeadSplitCost head) {
   return run(s, P, V, forward_cost, head, nullptr);
+}
+
+ScheduleTiming simulate_schedule(const std::vector<StageActions>& s, int P, int V,
+                                 const ActionCosts& costs) {
+  return run(s, P, V, {}, {}, nullptr, &costs);
 }
 
 ScheduleTiming add_head_passes(std::vector<StageActions>& s, int P, int V,

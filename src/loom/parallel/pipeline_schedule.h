@@ -100,6 +100,12 @@ struct ScheduleTiming {
 ScheduleTiming simulate_schedule(const std::vector<StageActions>& s, int P, int V,
                                  const std::vector<double>& forward_cost = {},
                                  HeadSplitCost head = {});
+// The schedule run with each action's own cost: costs[p][i] for s[p][i] — a step's measured
+// passes, their waits for input left out — so its idle is what the schedule itself makes of
+// those passes when transfers are free (an H's input counts when the last stage's F ends).
+using ActionCosts = std::vector<std::vector<double>>;
+ScheduleTiming simulate_schedule(const std::vector<StageActions>& s, int P, int V,
+                                 const ActionCosts& costs);
 
 // The head split's placement: puts H(m) for every microbatch into stage 0's list (P >= 2),
 // in the order the last stage runs F(m, last), each where a run with these costs (as in

@@ -35,6 +35,7 @@ enum class PerRank : int {
   kActivationMb,       // activation buffers (under a pipeline: the most held at once)
   kBlockActivationMb,  // of which the blocks'
   kPpWaitMs,           // pipeline receives waited for (pipelines only)
+  kPpScheduleIdleMs,   // the idle the schedule makes of the step's measured passes (pipelines)
   kOffloadMb,          // activations spilled and loaded (train.offload_activations only)
   kZeroOffloadMb,      // optimizer state moved to and from its file (zero.offload = disk only)
   kOptimMs,            // the optimizer step, with ZeRO's gathers and any offload
@@ -57,6 +58,7 @@ inline constexpr std::array<PerRankField, kPerRankCount> kPerRankFields = {{
     {"activation_mb", nullptr},
     {"block_activation_mb", nullptr},
     {"pp_wait_ms", nullptr},
+    {"pp_schedule_idle_ms", nullptr},
     {"offload_mb", nullptr},
     {"zero_offload_mb", nullptr},
     {"optim_ms", nullptr},

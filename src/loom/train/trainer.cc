@@ -465,10 +465,11 @@ RankMetrics Trainer::rank_metrics(double comm_wait_ms, double tp_comm_ms) {
     act += static_cast<double>(pipeline_->peak_activation_bytes());
     block_act = static_cast<double>(pipeline_->peak_block_activation_bytes());
     pp_wait_ms = pipeline_->wait_s() * 1e3;
+    m.set(F::kPpScheduleIdleMs, pipeline_->last_step_schedule().idle[pipeline_->stage()] * 1e3);
     if (pipeline_->offload()) m.set(F::kOffloadMb, pipeline_->offload()->bytes_written() / kMiB);
     pipeline_->reset_counters();
   }
-  if (!pipeline_) m.leave_out(F::kPpWaitMs);
+  if (!pipeline_) m.leave_out(F::kPpWaitMs), m.leave_out(F::kPpScheduleIdleMs);
   if (!pipeline_ || !pipeline_->offload()) m.leave_out(F::kOffloadMb);
   if (!dp_->overlaps_step()) m.leave_out(F::kOptimWaitMs);
   if (moments_) {  // optimizer state moved to and from its file in the step
