@@ -68,4 +68,4 @@ for layout in layouts:
             print("| %s | %s | %s %.3f | %s | %s | %s | %s | %s |" % (
                 op, size(b), algo, bw, "%.0f%%" % (100 * bw / limit) if limit else "",
                 others or "-", ratios, "%.3f" % gloo if gloo else "-",
-                "%.1fx" % (bw / gloo) if gloo else "-"))
+                "%.2fx" % (bw / gloo) if gloo else "-"))

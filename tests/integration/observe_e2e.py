@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -174,6 +175,28 @@ def timeline():
     run(T.launch(2, d, "--set", "train.profile=true", "--set", "train.pp=2", steps=3))
     spans = check_trace(d, ["F 0", "BW 3", "send/recv", "optimizer"])
     print("ok  pp 2: %d spans, pipeline actions and their sends" % len(spans))
+    # Each stage's idle and the schedule's own with the measured passes: metrics.jsonl has
+    # both, the latter no larger than the step, and the report's summary shows their medians.
+    rows = [m for m in metrics(d) if "loss" in m]
+    idle, own = [], []
+    for r in rows:
+        n, step = len(r["pp_schedule_idle_ms"]), r["step_ms"]
+        if n != 2 or not all(0 <= x <= step for x in r["pp_schedule_idle_ms"]):
+            fail("pp_schedule_idle_ms should hold one share of the step per stage: %s" % r)
+        idle.append(sum(step - r["compute_ms"][k] - r["optim_ms"][k] - r["data_ms"][k]
+                        for k in range(n)) / n / step)
+        own.append(sum(r["pp_schedule_idle_ms"]) / n / step)
+    run([LOOM, "report", d])
+    with open(os.path.join(d, "report.html")) as f:
+        html = f.read()
+    for key, v in (("median_pp_idle_pct", idle), ("median_pp_schedule_idle_pct", own)):
+        m = re.search(r'<tr data-key="%s"><th>[^<]*</th><td class="v">([^<]*)<' % key, html)
+        want = 100 * statistics.median(v)
+        if not m or abs(float(m.group(1)) - want) > 0.05 + 1e-9:
+            fail("the report's %s should be %.1f: %s" % (key, want, m and m.group(1)))
+    print("ok  pp 2: idle %.1f%% of the step, the schedule's own with the measured passes "
+          "%.1f%% (metrics.jsonl and the report)" % (100 * statistics.median(idle),
+                                                      100 * statistics.median(own)))
 
 
 def watchdog():

@@ -207,6 +207,23 @@ std::string write_report(const ReportOptions& opt) {
     for (const json& x : s[exposed]) sum += x.get<double>();
     share.push_back(sum / s[exposed].size() / s[mf::kStepMs.key].get<double>());
   }
+  // Pipelines: the stages' idle share of the step, mean over the stages — measured (the step
+  // less the stage's passes, optimizer and data) and the schedule's own with the measured
+  // passes (pp_schedule_idle_ms): the rest is what transfers and the runtime add.
+  std::vector<double> pp_idle, pp_schedule_idle;
+  for (const json& s : steps) {
+    const char* sched = mf::key(F::kPpScheduleIdleMs);
+    if (!s.contains(sched)) continue;
+    const double step = s[mf::kStepMs.key].get<double>();
+    const size_t n = s[sched].size();
+    double idle = 0, own = 0;
+    for (size_t r = 0; r < n; ++r) {
+      idle += step - s[mf::key(F::kComputeMs)][r].get<double>() -
+              s[mf::key(F::kOptimMs)][r].get<double>() - s[mf::key(F::kDataMs)][r].get<double>();
+      own += s[sched][r].get<double>();
+    }
+    pp_idle.push_back(idle / n / step), pp_schedule_idle.push_back(own / n / step);
+  }
   double best_val = NAN;
   for (const json& v : vals)
     best_val = std::isnan(best_val) ? v[mf::kValLoss].get<double>()
@@ -230,6 +247,11 @@ std::string write_report(const ReportOptions& opt) {
       {"median_mfu_pct", "median MFU (%)", num("%.2f", med(mf::kMfu.key, 100))},
       {"median_exposed_comm_pct", "median exposed communication (% of step)",
        num("%.1f", median(share) * 100)},
+      {"median_pp_idle_pct", "median pipeline idle (% of step, mean of the stages)",
+       num("%.1f", median(pp_idle) * 100)},
+      {"median_pp_schedule_idle_pct",
+       "of it, the schedule's own with the measured passes (% of step)",
+       num("%.1f", median(pp_schedule_idle) * 100)},
       {"peak_state_mb", "peak model state per rank (MiB)",
        num("%.1f", max_over_ranks(mf::key(F::kStatePeakMb)))},
       {"peak_rss_mb", "peak RSS per rank (MiB)", num("%.1f", max_over_ranks(rss))},
