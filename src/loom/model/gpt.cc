@@ -275,7 +275,7 @@ size_t Activations::Block::floats() const {
 }
 
 size_t Activations::BlockGrads::floats() const {
-  return mlp_out.size() + fch.size() + ln2.size() + attn_out.size() + qkv.size() + ln1.size();
+  return mlp_out.size() + fch.size() + attn_out.size() + qkv.size();
 }
 
 size_t Activations::block_bytes() const {
@@ -288,7 +288,7 @@ size_t Activations::bytes() const {
   size_t n = block_bytes() / sizeof(float) + (resid.empty() ? 0 : resid.back().size());
   for (const BlockGrads& g : grads) n += g.floats();
   for (const auto* v : {&lnf, &lnf_mean, &lnf_rstd, &lnf_all, &logits, &losses, &loss_max,
-                        &loss_sum, &loss_target, &d_lnf, &d_embed, &input_grad})
+                        &loss_sum, &loss_target, &d_embed, &input_grad})
     n += v->size();
   return n * sizeof(float);
 }
@@ -367,8 +367,8 @@ void Gpt::prepare(Activations& a, int first, int last, int B, int T) const {
     if (!recomputed(fb + i)) size_block(a.blocks[i], m, N, R, C, Cl, att);
   a.grads.resize(nb);  // filled by a kInput backward
   for (BlockGrads& g : a.grads)
-    for (auto* v : {&g.mlp_out, &g.fch, &g.ln2, &g.attn_out, &g.qkv, &g.ln1}) *v = Floats(m);
-  for (auto* v : {&a.d_lnf, &a.d_embed, &a.input_grad}) *v = Floats(m);
+    for (auto* v : {&g.mlp_out, &g.fch, &g.attn_out, &g.qkv}) *v = Floats(m);
+  for (auto* v : {&a.d_embed, &a.input_grad}) *v = Floats(m);
   a.tokens = kernels::Buffer<int>(m);
   a.targets = kernels::Buffer<int>(m);
   if (last == cfg_.n_layer + 1) {
@@ -439,28 +439,25 @@ const float* Gpt::row_parallel_linear(float* partial, const float* inp, Weight w
   return out;
 }
 
-// LayerNorm backward over the region's R rows, `part` of it. Under sequence parallelism a
-// rank's rows give only part of the weight and bias gradients: they are computed apart,
+// LayerNorm backward over the region's R rows: the input gradient and the weight and bias
+// gradients together, in a whole backward and in the B pass of a split one alike — the
+// weight gradients are two multiply-adds a value over the rows B has just read, and taking
+// them in W would read its input and output gradient back from memory and keep the latter
+// (a microbatch's order of accumulation is the same either way). Under sequence parallelism
+// a rank's rows give only part of the weight and bias gradients: they are computed apart,
 // summed over the group, then accumulated (Megatron's allreduce of sequence-parallel
 // gradients).
-void Gpt::layernorm_backward_rows(BackwardPart part, float* dx, float* dw, float* db,
-                                  const float* dout, const float* inp, const float* w,
-                                  const float* mean, const float* rstd) {
+void Gpt::layernorm_backward_rows(float* dx, float* dw, float* db, const float* dout,
+                                  const float* inp, const float* w, const float* mean,
+                                  const float* rstd) {
   const int C = cfg_.n_embd;
-  if (part == BackwardPart::kInput) {
-    backend_->layernorm_backward_input(dx, dout, inp, w, mean, rstd, R_, C);
-    return;
-  }
   float* pw = dw;
   float* pb = db;
   if (sp_) {
     d_lnparams_.zero();
     pw = d_lnparams_.data(), pb = pw + C;
   }
-  if (part == BackwardPart::kWhole)
-    backend_->layernorm_backward(dx, pw, pb, dout, inp, w, mean, rstd, R_, C);
-  else
-    backend_->layernorm_backward_weight(pw, pb, dout, inp, mean, rstd, R_, C);
+  backend_->layernorm_backward(dx, pw, pb, dout, inp, w, mean, rstd, R_, C);
   if (!sp_) return;
   tp_comm_->allreduce_sum(pw, 2 * static_cast<size_t>(C));
   backend_->residual_forward(dw, dw, pw, C);  // dw += pw, on the device
@@ -523,17 +520,17 @@ uint16_t* Gpt::input_bf16(size_t n) {
 // residual connections pass it through unchanged, the LayerNorm backwards add their
 // branches to it. Under sequence parallelism the LayerNorm outputs are gathered again for
 // the weight gradients rather than kept whole (activation memory / t). With part kInput
-// only input gradients are computed and the output gradients of the weighted layers are
-// kept for block_weight_grads.
+// the matrix products' input gradients only are computed and their output gradients are
+// kept for block_weight_grads (the LayerNorms' weight gradients come here either way).
 void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, BackwardPart part,
                          BlockGrads* keep) {
-  const int B = B_, T = T_, C = cfg_.n_embd, N = N_, R = R_, Cl = Cl_, u = l + 1;
+  const int B = B_, T = T_, C = cfg_.n_embd, N = N_, Cl = Cl_, u = l + 1;
   const auto& o = block_offsets_;
   const bool whole = part == BackwardPart::kWhole;
   auto kept = [&](Floats BlockGrads::*f) { return whole ? nullptr : &(keep->*f); };
   // The block's gradient scratch (d_fch_gelu_, d_fch_, d_ln2_, d_atty_, d_qkv_, d_ln1_) has
   // one contribution each: its kernel writes it (`assign`) rather than adding to zeros. (So
-  // with part kInput four of them can trade places with the W pass's kept buffers.)
+  // with part kInput two of them can trade places with the W pass's kept buffers.)
   constexpr bool kAssign = true;
   // out = res2 + fcproj(gelu(fc(ln2(res2))))
   const float* dout = gather_rows(dx, d_all_.data());
@@ -547,9 +544,8 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
                   weight(u, o[kFcw]), N, C, 4 * Cl, nullptr, nullptr, kAssign);
   if (!whole) keep_for_weights(keep->fch, d_fch_, d_fch_.data());
   const float* dln = reduce_input_grad(d_ln2_.data());
-  layernorm_backward_rows(part, dx, g(u, o[kLn2w]), g(u, o[kLn2b]), dln, a.res2.data(),
-                          p(u, o[kLn2w]), a.ln2_mean.data(), a.ln2_rstd.data());
-  if (!whole) keep_for_weights(keep->ln2, d_ln2_, dln, static_cast<size_t>(R) * C);
+  layernorm_backward_rows(dx, g(u, o[kLn2w]), g(u, o[kLn2b]), dln, a.res2.data(), p(u, o[kLn2w]),
+                          a.ln2_mean.data(), a.ln2_rstd.data());
   // res2 = in + attproj(attention(qkv(ln1(in))))
   dout = gather_rows(dx, d_all_.data());
   linear_backward(part, d_atty_.data(), g(u, o[kProjw]), g(u, o[kProjb]), dout, a.atty.data(),
@@ -561,9 +557,8 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
                   weight(u, o[kQkvw]), N, C, 3 * Cl, nullptr, nullptr, kAssign);
   if (!whole) keep_for_weights(keep->qkv, d_qkv_, d_qkv_.data());
   dln = reduce_input_grad(d_ln1_.data());
-  layernorm_backward_rows(part, dx, g(u, o[kLn1w]), g(u, o[kLn1b]), dln, in, p(u, o[kLn1w]),
+  layernorm_backward_rows(dx, g(u, o[kLn1w]), g(u, o[kLn1b]), dln, in, p(u, o[kLn1w]),
                           a.ln1_mean.data(), a.ln1_rstd.data());
-  if (!whole) keep_for_weights(keep->ln1, d_ln1_, dln, static_cast<size_t>(R) * C);
 }
 
 // A B pass hands the W pass an output gradient `g` of n elements (all of `scratch` when n is
@@ -581,23 +576,18 @@ void Gpt::keep_for_weights(Floats& kept, Floats& scratch, const float* g, size_t
 }
 
 // The weight gradients block_backward(kInput) left, from the output gradients it kept.
-void Gpt::block_weight_grads(int l, BlockActs& a, const float* in, const BlockGrads& kept) {
+void Gpt::block_weight_grads(int l, BlockActs& a, const BlockGrads& kept) {
   const int C = cfg_.n_embd, N = N_, Cl = Cl_, u = l + 1;
   const auto& o = block_offsets_;
-  constexpr auto kW = BackwardPart::kWeight;
   backend_->matmul_backward_weight(g(u, o[kFcProjw]), g(u, o[kFcProjb]), kept.mlp_out.data(),
                                    a.fch_gelu.data(), N, 4 * Cl, C);
   const float* x = gather_rows(a.ln2.data(), gathered_.data());
   backend_->matmul_backward_weight(g(u, o[kFcw]), g(u, o[kFcb]), kept.fch.data(), x, N, C, 4 * Cl);
-  layernorm_backward_rows(kW, nullptr, g(u, o[kLn2w]), g(u, o[kLn2b]), kept.ln2.data(),
-                          a.res2.data(), nullptr, a.ln2_mean.data(), a.ln2_rstd.data());
   backend_->matmul_backward_weight(g(u, o[kProjw]), g(u, o[kProjb]), kept.attn_out.data(),
                                    a.atty.data(), N, Cl, C);
   x = gather_rows(a.ln1.data(), gathered_.data());
   backend_->matmul_backward_weight(g(u, o[kQkvw]), g(u, o[kQkvb]), kept.qkv.data(), x, N, C,
                                    3 * Cl);
-  layernorm_backward_rows(kW, nullptr, g(u, o[kLn1w]), g(u, o[kLn1b]), kept.ln1.data(), in, nullptr,
-                          a.ln1_mean.data(), a.ln1_rstd.data());
 }
 
 // ---- embeddings and loss ----
@@ -820,17 +810,13 @@ void Gpt::backward_units(Activations& a, float scale, const float* dout, Backwar
                                        (sp_ ? a.lnf_all.data() : a.lnf.data()) + skip, own, C, Vl_);
       done(0);
       if (a.first > 0) ready(0);
-      use(head);
-      layernorm_backward_rows(part, nullptr, g(head, 0), g(head, C), a.d_lnf.data(),
-                              a.resid.back().data(), nullptr, a.lnf_mean.data(), a.lnf_rstd.data());
-      done(head);
-      ready(head);
+      ready(head);  // the final norm's gradients came in B
     }
     for (int l = last_block(a); l >= fb; --l) {
       use(l + 1);
       BlockActs& b = acts_of(a, l);
       if (recomputed(l)) block_forward(l, b, a.resid[l - fb].data(), a.resid[l - fb + 1].data());
-      block_weight_grads(l, b, a.resid[l - fb].data(), a.grads[l - fb]);
+      block_weight_grads(l, b, a.grads[l - fb]);
       done(l + 1);
       ready(l + 1);
     }
@@ -872,9 +858,8 @@ void Gpt::backward_units(Activations& a, float scale, const float* dout, Backwar
     dx_.zero();
     use(head);
     const float* dln = reduce_input_grad(d_lnf_.data());
-    layernorm_backward_rows(part, dx_.data(), g(head, 0), g(head, C), dln, a.resid.back().data(),
+    layernorm_backward_rows(dx_.data(), g(head, 0), g(head, C), dln, a.resid.back().data(),
                             p(head, 0), a.lnf_mean.data(), a.lnf_rstd.data());
-    if (!whole) a.d_lnf.copy_from(dln, rc);
     done(head);
     if (whole) ready(head);
   } else {

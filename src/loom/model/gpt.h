@@ -135,8 +135,10 @@ class Activations {
     Floats ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
     size_t floats() const;
   };
-  struct BlockGrads {  // output gradients of the block's weighted layers, from B for W
-    Floats mlp_out, fch, ln2, attn_out, qkv, ln1;
+  // Output gradients of the block's matrix products, from B for W (the LayerNorms' weight
+  // gradients are computed in B, where their inputs are in cache).
+  struct BlockGrads {
+    Floats mlp_out, fch, attn_out, qkv;
     size_t floats() const;
   };
 
@@ -152,8 +154,8 @@ class Activations {
   std::vector<BlockGrads> grads;  // per block of the run, kInput to kWeight
   Floats lnf, lnf_mean, lnf_rstd, lnf_all, logits, losses;
   Floats loss_max, loss_sum, loss_target;  // vocab-parallel loss, per row
-  Floats d_lnf, d_embed;  // kInput to kWeight: final norm's, embedding's output grads
-  Floats input_grad;      // the run's input gradient (R,C) when it has no embedding
+  Floats d_embed;                          // kInput to kWeight: the embedding's output gradient
+  Floats input_grad;  // the run's input gradient (R,C) when it has no embedding
 };
 
 class Gpt {
@@ -313,7 +315,7 @@ class Gpt {
   // part kWhole or kInput (then `keep` receives the output gradients for the weights).
   void block_backward(int l, BlockActs& a, const float* in, float* dx, BackwardPart part,
                       BlockGrads* keep);
-  void block_weight_grads(int l, BlockActs& a, const float* in, const BlockGrads& kept);
+  void block_weight_grads(int l, BlockActs& a, const BlockGrads& kept);
   // A weight matrix for a product: its fp32 values and, where made, its bf16 copy.
   struct Weight {
     const float* f32;
@@ -336,11 +338,10 @@ class Gpt {
   const float* row_parallel_linear(float* partial, const float* inp, Weight w, const float* bias,
                                    int K, const uint16_t* inp16 = nullptr);  // linear + g forward
   uint16_t* input_bf16(size_t n);
-  // LayerNorm over the R rows: the input gradient and/or the weight gradients (completed
-  // over the tp group under sequence parallelism).
-  void layernorm_backward_rows(BackwardPart part, float* dx, float* dw, float* db,
-                               const float* dout, const float* inp, const float* w,
-                               const float* mean, const float* rstd);
+  // LayerNorm backward over the R rows: the input gradient and the weight gradients (completed
+  // over the tp group under sequence parallelism), in B and BW alike.
+  void layernorm_backward_rows(float* dx, float* dw, float* db, const float* dout, const float* inp,
+                               const float* w, const float* mean, const float* rstd);
   void embed_forward(Activations& a);
   void embed_weight_grads(const int* tokens, const float* dx);
   // The mean loss's share of rows [from, N) (sum / N).
