@@ -542,7 +542,7 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
   const float* x = whole ? gather_rows(a.ln2.data(), gathered_.data()) : nullptr;
   linear_backward(part, d_ln2_.data(), g(u, o[kFcw]), g(u, o[kFcb]), d_fch_.data(), x,
                   weight(u, o[kFcw]), N, C, 4 * Cl, nullptr, nullptr, kAssign);
-  if (!whole) keep_for_weights(keep->fch, d_fch_, d_fch_.data());
+  if (!whole) keep_for_weights(keep->fch, d_fch_);
   const float* dln = reduce_input_grad(d_ln2_.data());
   layernorm_backward_rows(dx, g(u, o[kLn2w]), g(u, o[kLn2b]), dln, a.res2.data(), p(u, o[kLn2w]),
                           a.ln2_mean.data(), a.ln2_rstd.data());
@@ -555,24 +555,18 @@ void Gpt::block_backward(int l, BlockActs& a, const float* in, float* dx, Backwa
   x = whole ? gather_rows(a.ln1.data(), gathered_.data()) : nullptr;
   linear_backward(part, d_ln1_.data(), g(u, o[kQkvw]), g(u, o[kQkvb]), d_qkv_.data(), x,
                   weight(u, o[kQkvw]), N, C, 3 * Cl, nullptr, nullptr, kAssign);
-  if (!whole) keep_for_weights(keep->qkv, d_qkv_, d_qkv_.data());
+  if (!whole) keep_for_weights(keep->qkv, d_qkv_);
   dln = reduce_input_grad(d_ln1_.data());
   layernorm_backward_rows(dx, g(u, o[kLn1w]), g(u, o[kLn1b]), dln, in, p(u, o[kLn1w]),
                           a.ln1_mean.data(), a.ln1_rstd.data());
 }
 
-// A B pass hands the W pass an output gradient `g` of n elements (all of `scratch` when n is
-// 0) that it will not read again: where g is the whole of the model's scratch buffer, the two
-// buffers trade places (the scratch is rewritten before it is next read); otherwise (a
-// tensor-parallel reduction's output) g is copied.
-void Gpt::keep_for_weights(Floats& kept, Floats& scratch, const float* g, size_t n) {
-  if (n == 0) n = scratch.size();
-  if (g == scratch.data() && n == scratch.size()) {
-    kept.resize_discard(n);
-    kept.swap(scratch);
-  } else {
-    kept.copy_from(g, n);
-  }
+// A B pass hands the W pass the output gradient in `scratch` (the model's gradient scratch
+// for it), which it will not read again: the two buffers trade places (the scratch is
+// rewritten before it is next read).
+void Gpt::keep_for_weights(Floats& kept, Floats& scratch) {
+  kept.resize_discard(scratch.size());
+  kept.swap(scratch);
 }
 
 // The weight gradients block_backward(kInput) left, from the output gradients it kept.

@@ -325,8 +325,8 @@ class Gpt {
   const uint16_t* p16(int unit, size_t offset) const;
   void round_unit(int u);  // makes unit u's bf16 copy (when bf16 copies are on)
   void make_copy_slots();  // unit16_ and unit16_from_ sized to the units (empty copies)
-  // A B pass's output gradient g for its W pass, into `kept` (gpt.cc).
-  static void keep_for_weights(Floats& kept, Floats& scratch, const float* g, size_t n = 0);
+  // A B pass's output gradient in `scratch` for its W pass, into `kept` (gpt.cc).
+  static void keep_for_weights(Floats& kept, Floats& scratch);
   // A linear's backward: whole, or the input gradient with dout kept for the weights; the
   // input gradient added to dinp, or written over it (assign).
   void linear_backward(BackwardPart part, float* dinp, float* dw, float* db, const float* dout,
