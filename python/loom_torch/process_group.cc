@@ -9,6 +9,7 @@
 #include "loom/comm/bootstrap.h"
 #include "loom/core/error.h"
 #include "loom/core/hmac.h"
+#include "shared_allocator.h"
 
 namespace loom_torch {
 namespace {
@@ -235,6 +236,9 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
   loom::comm::CommConfig cfg = loom::comm::CommConfig::from_env();
   cfg.name = "torch";
   cfg.timeout_s = static_cast<double>(timeout.count()) / 1e3;
+  // With loom_torch.use_shared_memory() on every rank, tensors from its minimum on are
+  // shared: the fused shared allreduce and reduce-scatter apply from there, not from 1 MiB.
+  cfg.shared_from = shared_storage_from();
   // Without LOOM_JOB_TOKEN, rank 0 makes one and passes it through torch's store (which
   // itself is not authenticated: set LOOM_JOB_TOKEN for authenticated joins).
   if (cfg.token.empty()) {

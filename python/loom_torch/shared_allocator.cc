@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <map>
@@ -92,6 +93,10 @@ class SharedCpuAllocator final : public c10::Allocator {
     return {live_, cached_, made_, reused_, released_, enabled_.load()};
   }
 
+  size_t shared_from() const {
+    return enabled_.load() ? std::max<size_t>(min_bytes_.load(), 1) : 0;
+  }
+
   static SharedCpuAllocator& get() {
     // Never destroyed: torch frees tensors during interpreter shutdown, after statics.
     static auto* a = new SharedCpuAllocator;
@@ -158,6 +163,10 @@ void use_shared_memory(bool on, size_t min_bytes, size_t cache_bytes) {
 
 SharedMemoryStats shared_memory_stats() {
   return SharedCpuAllocator::get().stats();
+}
+
+size_t shared_storage_from() {
+  return SharedCpuAllocator::get().shared_from();
 }
 
 bool in_shared_memory(const void* data, size_t bytes) {

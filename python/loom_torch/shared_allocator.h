@@ -38,6 +38,10 @@ struct SharedMemoryStats {
 };
 SharedMemoryStats shared_memory_stats();
 
+// The smallest storage that comes from shared memory now (at least 1); 0 while it is off.
+// A process group created now tells its peers (CommConfig::shared_from).
+size_t shared_storage_from();
+
 // Whether [data, data + bytes) lies in a loom shared buffer of this process.
 bool in_shared_memory(const void* data, size_t bytes);
 

@@ -58,6 +58,23 @@ def test_every_op_from_shared_memory():
     assert all(r["fused_allreduces"] == 0 and not r["shared_memory"]["enabled"] for r in heap)
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_shared_tensors_below_a_mebibyte_run_fused(world):
+    """With use_shared_memory() on every rank, the group learns at creation that tensors from
+    64 KiB on are shared: the fused allreduce runs at 64 and 256 KiB (below its 1 MiB minimum
+    for heap buffers), not at 4 KiB (heap storage) nor on a 256 KiB tensor allocated before
+    the allocator was on (the ranks name their buffers and all take ring). With one rank
+    left on the heap the group agrees on the heap: nothing fused, the same sums, no hang."""
+    for r in launch("shared_from", world):
+        f = r["fused"]
+        assert f["64K"] == 1 and f["256K"] == 1, f
+        assert f["4K"] == 0 and f["early"] == 0, f
+        if "sub 64K" in f:
+            assert f["sub 64K"] == 1, f
+    for r in launch("shared_from", world, LOOM_TORCH_SHARED_ONLY="1"):
+        assert all(v == 0 for v in r["fused"].values()), r["fused"]
+
+
 ALLOCATOR = """
 import os, resource, torch, loom_torch
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]

@@ -22,6 +22,7 @@ SCENARIO, RANK, WORLD, PORT, OUT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3
 FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 INTS = [torch.int32, torch.int64, torch.uint8]
 R = dist.ReduceOp
+SUB = [0, WORLD - 1]  # scenario_shared_from's sub-group
 
 
 def data(seed, rank, shape, dtype):
@@ -362,6 +363,45 @@ def scenario_monitored_barrier():
     return {"msg": msg}
 
 
+def scenario_shared_from():
+    """loom_torch.use_shared_memory() on every rank before the group (LOOM_TORCH_SHARED_ONLY
+    names the ranks that turn it on; default all): from its 64 KiB minimum on, tensors are
+    shared and the group knows it, so allreduces below the shared algorithm's 1 MiB run
+    fused. Smaller tensors and one allocated before the allocator was on take the heap
+    paths; every result is the closed form."""
+    on = os.environ.get("LOOM_TORCH_SHARED_ONLY")
+    early = torch.full((1 << 16,), float(RANK + 1))  # 256 KiB on torch's own heap
+    if on is None or str(RANK) in on.split(","):
+        loom_torch.use_shared_memory()
+    init()
+    total = WORLD * (WORLD + 1) / 2
+    fused = {}
+
+    def allreduce(name, t, group=None, world=WORLD):
+        before = loom_torch.fused_allreduces()
+        dist.all_reduce(t, group=group)
+        want = world * (world + 1) / 2 if group is None else float(sum(r + 1 for r in SUB))
+        if not torch.equal(t, torch.full_like(t, want)):
+            raise AssertionError("%s: %s, want %s" % (name, t[:4].tolist(), want))
+        fused[name] = loom_torch.fused_allreduces() - before
+
+    allreduce("64K", torch.full((1 << 14,), float(RANK + 1)))
+    allreduce("256K", torch.full((1 << 16,), float(RANK + 1)))
+    allreduce("4K", torch.full((1 << 10,), float(RANK + 1)))
+    allreduce("early", early)
+    # reduce_scatter_tensor from a shared 3 x 64 KiB input: each rank's block of the sums
+    full = torch.cat([torch.full((1 << 14,), float((RANK + 1) * (b + 1))) for b in range(WORLD)])
+    out = torch.empty(1 << 14)
+    dist.reduce_scatter_tensor(out, full)
+    if not torch.equal(out, torch.full_like(out, total * (RANK + 1))):
+        raise AssertionError("reduce_scatter: %s" % out[:4].tolist())
+    group = dist.new_group(SUB)  # a sub-group agrees on its own
+    if RANK in SUB:
+        allreduce("sub 64K", torch.full((1 << 14,), float(RANK + 1)), group)
+    dist.barrier()
+    return {"fused": fused}
+
+
 def scenario_any_source():
     """recv without a source, mixed with a named recv."""
     init()
@@ -387,7 +427,8 @@ if __name__ == "__main__":
           "ddp_gloo": lambda: scenario_ddp("gloo"), "zero": scenario_zero,
           "missing_peer": scenario_missing_peer, "desync": scenario_desync,
           "any_source": scenario_any_source, "p2p_and_bytes": scenario_p2p_and_bytes,
-          "monitored_barrier": scenario_monitored_barrier}[SCENARIO]
+          "monitored_barrier": scenario_monitored_barrier,
+          "shared_from": scenario_shared_from}[SCENARIO]
     result = fn()
     # the shared-memory allocator's counters and the fused allreduces this rank ran
     result["shared_memory"] = loom_torch.shared_memory_stats()

@@ -160,6 +160,8 @@ TEST(Tuning, AutoPicksTheCostModelsWinner) {
   };
   const Topology two_hosts = machines(2, 2), four_hosts = machines(4, 1),
                  four_by_two = machines(4, 2);
+  Topology shared_four = one_host(4);  // every rank's buffers from 64 KiB on are shared
+  shared_four.shared_from = 64 << 10;
   struct Case {
     OpKind op;
     Topology topo;
@@ -183,6 +185,14 @@ TEST(Tuning, AutoPicksTheCostModelsWinner) {
       // 512 KiB, under its 1 MiB minimum: direct 0.6 + 3*128 KiB/beta = 33.4 us; rd 33.6;
       // ring 3*(0.4 + 128 KiB/beta) = 34.0 us.
       {OpKind::kReduceScatter, one_host(4), 512 * 1024, Algo::kDirect, "below the minimum"},
+      // The same 512 KiB where every rank's buffers from 64 KiB on are shared (the torch
+      // backend's allocator): no minimum, shared 1.2 + 0.75 B/beta = 34.0 us against ring's
+      // 68.3; and the reduce-scatter 1.2 + 0.75*3*128 KiB/beta = 25.8 us against direct's 33.4.
+      {OpKind::kAllreduce, shared_four, 512 * 1024, Algo::kShared, "shared buffers: no minimum"},
+      {OpKind::kReduceScatter, shared_four, 512 * 1024, Algo::kShared, "shared inputs"},
+      // 32 KiB, under the size from which buffers are shared: ring 6*(0.4 + 8 KiB/beta) = 6.5
+      // us; shared (were it allowed) 1.2 + 2.0 = 3.2: not chosen, the buffers are on the heap.
+      {OpKind::kAllreduce, shared_four, 32 * 1024, Algo::kRing, "below the shared size"},
       // 2 ranks, 8 B: rd and direct both 0.40 us (rd listed first wins the tie).
       {OpKind::kAllreduce, one_host(2), 8, Algo::kRd, "tie goes to the first listed"},
       // 3 ranks (rd invalid for allgather), 8 B: direct 0.4 + 0.1 = 0.5 us; ring 2*0.4 = 0.8.

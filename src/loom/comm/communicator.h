@@ -68,6 +68,13 @@ struct CommConfig {
   // groups: sums of losses and norms) needs no more than kControlRing: every pair of its ranks
   // on a machine holds two rings, touched from the start.
   size_t shm_ring_bytes = 0;
+  // This rank's buffers of at least this many bytes are in shared memory (alloc_shared, or
+  // the torch backend's allocator with loom_torch.use_shared_memory()); 0: not known. Where
+  // every rank of the machine says so (Topology::shared_from), the shared allreduce and
+  // reduce-scatter are chosen by the cost model from there instead of from their 1 MiB
+  // minimum (LOOM_SHARED_ALLREDUCE_MIN), which is set for heap buffers. A buffer that is not
+  // shared after all costs only speed: the op runs as ring after the buffers are named.
+  size_t shared_from = 0;
   static constexpr size_t kControlRing = size_t{256} << 10;
   static CommConfig from_env();
 };

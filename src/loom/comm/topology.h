@@ -3,6 +3,7 @@
 // rank published at rendezvous.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,10 @@ struct Topology {
   bool force_tcp = false;               // LOOM_TRANSPORT=tcp
   bool oversubscribed = false;          // more ranks on this host than its ranks' CPUs
   std::vector<std::vector<int>> cpus;   // rank -> the CPUs it may run on (as it published them)
+  // Every rank puts its buffers of at least this many bytes in shared memory (the largest of
+  // the ranks' CommConfig::shared_from, agreed at connect; 0 where any rank passed 0): the
+  // shared algorithms need no 1 MiB minimum from there.
+  size_t shared_from = 0;
 
   int nhosts() const { return static_cast<int>(hosts.size()); }
   int max_local() const;

@@ -33,6 +33,10 @@ const StringTunable kTuningFile("LOOM_TUNING_FILE", "",
 bool is_pow2(int n) {
   return n > 0 && (n & (n - 1)) == 0;
 }
+// Every rank's buffers of `bytes` are in shared memory (Topology::shared_from).
+bool shared_buffers(const Topology& t, size_t bytes) {
+  return t.shared_from > 0 && bytes >= t.shared_from;
+}
 int ceil_log2(int n) {
   int l = 0;
   while ((1 << l) < n) ++l;
@@ -173,8 +177,12 @@ double predict_us(OpKind op, Algo algo, size_t bytes, const Topology& topo, cons
           // writes them n times in one pass, with no staging copy through the rings (the
           // 0.75 against ring's 1 for n = 2). Below its minimum the other algorithms' small-
           // message paths win, and from heap buffers it is ring after a descriptor exchange.
+          // Where every rank's buffers of this size are shared (topo.shared_from), the model
+          // decides from any size: from shared buffers it wins from 4-16 KiB on (2-4 ranks,
+          // docs/perf.md).
           const int64_t min = kSharedAllreduceMin.get();
-          if (min <= 0 || B < static_cast<double>(min))
+          if (min <= 0) return std::numeric_limits<double>::infinity();
+          if (!shared_buffers(topo, bytes) && B < static_cast<double>(min))
             return std::numeric_limits<double>::infinity();
           return 2.0 * alpha * (1 + 0.25 * (n - 2)) + 0.75 * B * us_per_byte;
         }
@@ -199,8 +207,10 @@ double predict_us(OpKind op, Algo algo, size_t bytes, const Topology& topo, cons
           // ring passes partial sums around (the 0.75 as for the allreduce). On 2 ranks
           // ring is that single pass already (each reads the other's block, in place from
           // shared buffers) in one step fewer: measured 0.87-1.01x, so not chosen there.
+          // It reads the inputs in place (B bytes each), each rank writing its own output.
           const int64_t min = kSharedReduceScatterMin.get();
-          if (n < 3 || min <= 0 || B < static_cast<double>(min))
+          if (n < 3 || min <= 0) return std::numeric_limits<double>::infinity();
+          if (!shared_buffers(topo, bytes) && B < static_cast<double>(min))
             return std::numeric_limits<double>::infinity();
           return 2.0 * alpha * (1 + 0.25 * (n - 2)) + 0.75 * (n - 1) * B / n * us_per_byte;
         }

@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -74,23 +75,26 @@ struct PeerInfo {
   std::string addr;
   uint16_t port = 0;
   std::string cpus;  // the rank's affinity mask ("0-3,8"), to count the CPUs its host's ranks have
+  size_t shared_from = 0;  // CommConfig::shared_from
 };
 
 std::string encode_peer(const PeerInfo& p) {
   return p.host_id + "\t" + std::to_string(p.pid) + "\t" + p.addr + "\t" + std::to_string(p.port) +
-         "\t" + p.cpus;
+         "\t" + p.cpus + "\t" + std::to_string(p.shared_from);
 }
 
 PeerInfo decode_peer(const std::string& s) {
   PeerInfo p;
   std::istringstream is(s);
-  std::string pid, port;
+  std::string pid, port, shared_from;
   std::getline(is, p.host_id, '\t');
   std::getline(is, pid, '\t');
   std::getline(is, p.addr, '\t');
   std::getline(is, port, '\t');
   std::getline(is, p.cpus, '\t');
+  std::getline(is, shared_from, '\t');
   p.pid = std::atoi(pid.c_str());
+  p.shared_from = std::strtoull(shared_from.c_str(), nullptr, 10);
   p.port = static_cast<uint16_t>(std::atoi(port.c_str()));
   return p;
 }
@@ -138,6 +142,13 @@ Topology make_topology(const std::vector<PeerInfo>& peers, int rank, bool force_
   }
   const int host_cpus = known ? static_cast<int>(cpus.size()) : cpus_available();
   t.oversubscribed = static_cast<int>(t.local(rank).size()) > host_cpus;
+  // Shared buffers from the largest of the ranks' sizes on, if every rank has them.
+  bool every = true;
+  for (const PeerInfo& p : peers) {
+    every = every && p.shared_from > 0;
+    t.shared_from = std::max(t.shared_from, p.shared_from);
+  }
+  if (!every) t.shared_from = 0;
   return t;
 }
 
@@ -269,8 +280,12 @@ void Communicator::connect(Deadline deadline) {
   if (listen_host.empty()) listen_host = store_->local_host();
   if (listen_host.empty()) listen_host = "127.0.0.1";
   net::Fd listener = net::listen_on(listen_host, 0);
-  const PeerInfo me{cfg_.host_id, static_cast<int>(::getpid()), listen_host,
-                    net::local_address(listener.get()).port, format_cpu_list(cpus_allowed())};
+  const PeerInfo me{cfg_.host_id,
+                    static_cast<int>(::getpid()),
+                    listen_host,
+                    net::local_address(listener.get()).port,
+                    format_cpu_list(cpus_allowed()),
+                    cfg_.shared_from};
   const std::vector<PeerInfo> peers = exchange_peers(*store_, rank_, size_, me, deadline);
   topo_ = make_topology(peers, rank_, cfg_.transport == "tcp");
   wait_policy_.spin_us = topo_.oversubscribed ? 0 : kSpin.get();
