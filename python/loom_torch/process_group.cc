@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
+#include <Python.h>
 
 #include <algorithm>
 #include <optional>
@@ -253,7 +254,19 @@ ProcessGroupLoom::ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store,
   }
 }
 
-ProcessGroupLoom::~ProcessGroupLoom() = default;
+// The communicator's destructor waits for its worker thread to finish the operations queued,
+// and that thread may drop the last reference to a tensor (a Work's, after its operation):
+// torch then frees the tensor's Python object, which takes the GIL. Python destroys the group
+// holding the GIL, so it lets go of it meanwhile (holding it was a deadlock).
+ProcessGroupLoom::~ProcessGroupLoom() {
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    PyThreadState* saved = PyEval_SaveThread();
+    comm_.reset();
+    PyEval_RestoreThread(saved);
+  } else {
+    comm_.reset();
+  }
+}
 
 c10::intrusive_ptr<LOOM_TORCH_BASE> ProcessGroupLoom::create(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

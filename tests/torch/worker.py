@@ -422,13 +422,35 @@ def scenario_any_source():
     return {"got": got}
 
 
+def scenario_destroy_pending_send():
+    """The group destroyed while its worker thread still runs a send of a tensor only the
+    send keeps (Python's reference dropped): the worker's last reference to the tensor frees
+    its Python object, which takes the GIL, so destroying the group must not hold the GIL
+    while it waits for the worker (it did: a deadlock, seen as a rare hang at a test's end)."""
+    N = 4 << 20
+    init()
+    if RANK == 0:
+        t = torch.full((N,), 7.0)  # larger than a shared-memory ring: the send waits for rank 1
+        dist.isend(t, 1)
+        del t
+        start = time.time()
+        dist.destroy_process_group()  # the group's last reference: ~ProcessGroupLoom
+        return {"destroy_s": time.time() - start}
+    time.sleep(1.0)  # rank 0 is destroying its group by now, its send still waiting for us
+    t = torch.empty(N)
+    dist.recv(t, 0)
+    dist.destroy_process_group()
+    return {"got": [t.min().item(), t.max().item()]}
+
+
 if __name__ == "__main__":
     fn = {"ops": scenario_ops, "ddp_loom": lambda: scenario_ddp("loom"),
           "ddp_gloo": lambda: scenario_ddp("gloo"), "zero": scenario_zero,
           "missing_peer": scenario_missing_peer, "desync": scenario_desync,
           "any_source": scenario_any_source, "p2p_and_bytes": scenario_p2p_and_bytes,
           "monitored_barrier": scenario_monitored_barrier,
-          "shared_from": scenario_shared_from}[SCENARIO]
+          "shared_from": scenario_shared_from,
+          "destroy_pending_send": scenario_destroy_pending_send}[SCENARIO]
     result = fn()
     # the shared-memory allocator's counters and the fused allreduces this rank ran
     result["shared_memory"] = loom_torch.shared_memory_stats()
