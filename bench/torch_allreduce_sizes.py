@@ -20,7 +20,6 @@ def worker(mode, rank, world, port, sizes):
         for _ in range(40):
             dist.barrier()
             t0 = time.perf_counter(); dist.all_reduce(x); times.append(time.perf_counter() - t0)
-        bt = []
         t0 = time.perf_counter()
         for _ in range(40): dist.all_reduce(x)
         b2b = (time.perf_counter() - t0) / 40

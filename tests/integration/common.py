@@ -31,6 +31,16 @@ def sanitized_cases(cases, names):
     return kept
 
 
+def cpu_info():
+    """The first CPU's fields of /proc/cpuinfo ("model name", "flags", ...)."""
+    info = {}
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            info.setdefault(k.strip(), v.strip())
+    return info
+
+
 def fail(msg):
     print("FAIL:", msg)
     sys.exit(1)
@@ -234,11 +244,7 @@ class LossFixtures:
 
     @staticmethod
     def signature():
-        info = {}
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                info.setdefault(k.strip(), v.strip())
+        info = cpu_info()
         flags = set(info.get("flags", "").split())
         isa = "-".join(x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in flags)
         name = re.sub(r"\W+", "_", info.get("model name", "cpu")).strip("_")

@@ -20,8 +20,8 @@ import shutil
 import subprocess
 import sys
 
-from common import (SANITIZED, Trainer, compare, fail, kill_rank, losses, metrics,  # noqa: E402
-                    prepare_data, run, sanitized_cases, wait_for)
+from common import (SANITIZED, Trainer, compare, cpu_info, fail, kill_rank, losses,  # noqa: E402
+                    metrics, prepare_data, run, sanitized_cases, wait_for)
 
 LOOM, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -33,9 +33,7 @@ def reads_bf16():
     """Whether this CPU's bf16 products read bf16 copies of their operands (Gemm::reads_bf16:
     oneDNN has a bf16 matmul here, AVX-512 core or later); where not (AVX2 only), they widen
     the rounded fp32 weights and the master in memory keeps no bf16 copies."""
-    with open("/proc/cpuinfo") as f:
-        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")),
-                     [])
+    flags = set(cpu_info().get("flags", "").split())
     return all(x in flags for x in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
 
 

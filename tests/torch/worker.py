@@ -377,10 +377,10 @@ def scenario_shared_from():
     total = WORLD * (WORLD + 1) / 2
     fused = {}
 
-    def allreduce(name, t, group=None, world=WORLD):
+    def allreduce(name, t, group=None):
         before = loom_torch.fused_allreduces()
         dist.all_reduce(t, group=group)
-        want = world * (world + 1) / 2 if group is None else float(sum(r + 1 for r in SUB))
+        want = total if group is None else float(sum(r + 1 for r in SUB))
         if not torch.equal(t, torch.full_like(t, want)):
             raise AssertionError("%s: %s, want %s" % (name, t[:4].tolist(), want))
         fused[name] = loom_torch.fused_allreduces() - before
